@@ -1,0 +1,110 @@
+"""The extender's YAML configuration: policy weights and limits.
+
+```yaml
+weights: {gpu: 3, spot: 1, zone: 1}   # relative; each scoring policy >= 1/10 of the sum
+disabled: []                          # policy names to switch off (e.g. [heartbeat])
+defaultPlacement: binpack             # or spread; pods override with an annotation
+heartbeatWindow: 15m                  # agent silent longer -> no new GPU pods; 0 = off
+maxBodyBytes: 134217728               # request body limit (args mode carries Node objects)
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from extender.model import PLACEMENTS
+from gpu_scheduler.durations import parse_duration
+
+SCORING_POLICIES = ("gpu", "spot", "zone")
+KNOWN_POLICIES = (*SCORING_POLICIES, "heartbeat")
+DEFAULT_WEIGHTS = {"gpu": 3, "spot": 1, "zone": 1}
+MIN_BODY_BYTES = 64 << 20
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ExtenderConfig:
+    weights: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
+    disabled: frozenset[str] = frozenset()
+    default_placement: str = "binpack"
+    heartbeat_window_seconds: float = 900.0
+    max_body_bytes: int = 128 << 20
+
+    def __post_init__(self) -> None:
+        unknown = set(self.weights) - set(SCORING_POLICIES)
+        if unknown:
+            raise ConfigError(f"weights: unknown policies {sorted(unknown)}")
+        bad = set(self.disabled) - set(KNOWN_POLICIES)
+        if bad:
+            raise ConfigError(f"disabled: unknown policies {sorted(bad)}")
+        for name, weight in self.weights.items():
+            if not isinstance(weight, int) or isinstance(weight, bool) or weight < 0:
+                raise ConfigError(f"weights.{name} must be a non-negative integer")
+        active = {n: w for n, w in self.weights.items() if w > 0 and n not in self.disabled}
+        total = sum(active.values())
+        for name, weight in active.items():
+            # One policy alone moving a node from 0 to 10 must move the integer score
+            # by at least one, or its preference could vanish in the rounding.
+            if weight * 10 < total:
+                raise ConfigError(
+                    f"weights.{name}={weight} is under a tenth of the total ({total}): "
+                    "it could never change an integer score 0..10"
+                )
+        if self.default_placement not in PLACEMENTS:
+            raise ConfigError(f"defaultPlacement must be one of {PLACEMENTS}")
+        if self.max_body_bytes < MIN_BODY_BYTES:
+            raise ConfigError(f"maxBodyBytes must be at least {MIN_BODY_BYTES}")
+
+    def weight(self, policy: str) -> int:
+        return 0 if policy in self.disabled else int(self.weights.get(policy, 0))
+
+
+_KEYS = {"weights", "disabled", "defaultPlacement", "heartbeatWindow", "maxBodyBytes"}
+
+
+def config_from_mapping(data: Mapping[str, Any] | None) -> ExtenderConfig:
+    data = data or {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("the config must be a YAML mapping")
+    unknown = set(data) - _KEYS
+    if unknown:
+        raise ConfigError(f"unknown config keys {sorted(unknown)}; known: {sorted(_KEYS)}")
+    kwargs: dict[str, Any] = {}
+    if "weights" in data:
+        weights = dict(DEFAULT_WEIGHTS)
+        weights.update(data["weights"] or {})
+        kwargs["weights"] = weights
+    if "disabled" in data:
+        kwargs["disabled"] = frozenset(data["disabled"] or ())
+    if "defaultPlacement" in data:
+        kwargs["default_placement"] = data["defaultPlacement"]
+    if "heartbeatWindow" in data:
+        try:
+            kwargs["heartbeat_window_seconds"] = parse_duration(data["heartbeatWindow"])
+        except ValueError as exc:
+            raise ConfigError(f"heartbeatWindow: {exc}") from exc
+    if "maxBodyBytes" in data:
+        kwargs["max_body_bytes"] = int(data["maxBodyBytes"])
+    return ExtenderConfig(**kwargs)
+
+
+def load_config(path: str | None) -> ExtenderConfig:
+    if not path:
+        return ExtenderConfig()
+    with open(path, encoding="utf-8") as handle:
+        try:
+            data = yaml.safe_load(handle)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not YAML: {exc}") from exc
+    try:
+        return config_from_mapping(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc

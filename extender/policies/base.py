@@ -1,0 +1,45 @@
+"""The shape every policy has: the scheduler framework's PreFilter/Filter/Score.
+
+``prepare`` runs once per pod (PreFilter); it returns the per-pod state the other two
+read, or ``None`` when the policy has nothing to say about this pod (the framework's
+Skip), so the per-node loop never calls it. ``filter`` returns ``None`` or a
+:class:`Failure`; ``score`` returns any float, higher is better; the engine normalises
+each policy's scores to 0..10 over the candidate nodes before weighting them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from extender.model import NodeFacts, PodFacts
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    reason: str
+    #: True: no change in the cluster's load makes the pod fit (wrong product, too
+    #: little memory, no GPUs at all) -> FailedAndUnresolvableNodes. False -> FailedNodes.
+    unresolvable: bool
+
+
+class ClusterView(Protocol):
+    """What the policies may ask about pods already running (the cluster cache)."""
+
+    def used_gpus(self, node: str) -> int: ...
+
+    def group_zones(self, namespace: str, group: str) -> dict[str, int]: ...
+
+    def now(self) -> float: ...
+
+
+class Policy(Protocol):
+    name: ClassVar[str]
+    #: False for filter-only policies: they take no part in the weighted score.
+    scores: ClassVar[bool]
+
+    def prepare(self, pod: PodFacts, view: ClusterView) -> Any | None: ...
+
+    def filter(self, state: Any, node: NodeFacts, view: ClusterView) -> Failure | None: ...
+
+    def score(self, state: Any, node: NodeFacts, view: ClusterView) -> float: ...

@@ -1,0 +1,74 @@
+"""gpu: fit by count, memory per GPU and product; binpack (default) or spread."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from extender.model import NodeFacts, PodFacts
+from extender.policies.base import ClusterView, Failure
+from gpu_scheduler import contract
+
+NO_GPUS = Failure(f"node has no GPUs (no allocatable {contract.RESOURCE_GPU})", True)
+NOT_ADVERTISED = Failure(
+    f"node is labelled with GPUs but advertises no allocatable {contract.RESOURCE_GPU} yet",
+    False,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    gpus: int
+    min_memory_mib: int | None
+    products: frozenset[str] | None
+    spread: bool
+
+
+class GpuPolicy:
+    name: ClassVar[str] = "gpu"
+    scores: ClassVar[bool] = True
+
+    def prepare(self, pod: PodFacts, view: ClusterView) -> _State:
+        return _State(pod.gpus, pod.min_memory_mib, pod.products, pod.placement == "spread")
+
+    def filter(self, state: _State, node: NodeFacts, view: ClusterView) -> Failure | None:
+        want = state.gpus
+        if want == 0:
+            return None
+        if node.allocatable == 0:
+            return NOT_ADVERTISED if node.labelled_gpu else NO_GPUS
+        if state.products is not None and node.product not in state.products:
+            have = node.product or f"unknown (no {contract.LABEL_GPU_PRODUCT} label)"
+            return Failure(
+                f"GPU product {have} is not one of {contract.ANN_GPU_PRODUCTS}="
+                f"{','.join(sorted(state.products))}",
+                True,
+            )
+        if state.min_memory_mib is not None:
+            if node.memory_mib is None:
+                return Failure(
+                    f"node publishes no GPU memory label ({contract.LABEL_GPU_MEMORY}); "
+                    f"{contract.ANN_MIN_GPU_MEMORY} needs it",
+                    True,
+                )
+            if node.memory_mib < state.min_memory_mib:
+                return Failure(
+                    f"GPU memory {node.memory_mib} MiB per GPU is below "
+                    f"{contract.ANN_MIN_GPU_MEMORY}={state.min_memory_mib} MiB",
+                    True,
+                )
+        if node.allocatable < want:
+            return Failure(f"node has {node.allocatable} GPUs in all; pod requests {want}", True)
+        free = node.allocatable - view.used_gpus(node.name)
+        if free < want:
+            return Failure(
+                f"{max(free, 0)} of {node.allocatable} GPUs free; pod requests {want}", False
+            )
+        return None
+
+    def score(self, state: _State, node: NodeFacts, view: ClusterView) -> float:
+        if state.gpus == 0:
+            # Keep GPU nodes for GPU work: a CPU pod prefers nodes without GPUs.
+            return 0.0 if node.has_gpus else 1.0
+        leftover = node.allocatable - view.used_gpus(node.name) - state.gpus
+        return float(leftover) if state.spread else float(-leftover)

@@ -1,0 +1,44 @@
+"""spot: spot or on-demand capacity, from EKS's and Karpenter's capacity-type labels."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from extender.model import NodeFacts, PodFacts
+from extender.policies.base import ClusterView, Failure
+from gpu_scheduler import contract
+
+_LABELS = f"{contract.LABEL_EKS_CAPACITY_TYPE} / {contract.LABEL_KARPENTER_CAPACITY_TYPE}"
+NOT_SPOT = Failure(
+    f"node is not spot capacity ({_LABELS}) and the pod has {contract.ANN_SPOT}=require", True
+)
+IS_SPOT = Failure(f"node is spot capacity and the pod has {contract.ANN_SPOT}=forbid", True)
+
+
+class SpotPolicy:
+    """Pods say prefer|avoid|require|forbid; GPU pods avoid spot unless they say so.
+
+    A node with neither label counts as on-demand.
+    """
+
+    name: ClassVar[str] = "spot"
+    scores: ClassVar[bool] = True
+
+    def prepare(self, pod: PodFacts, view: ClusterView) -> str | None:
+        return pod.spot
+
+    def filter(self, state: str, node: NodeFacts, view: ClusterView) -> Failure | None:
+        spot = node.capacity_type == "spot"
+        if state == "require" and not spot:
+            return NOT_SPOT
+        if state == "forbid" and spot:
+            return IS_SPOT
+        return None
+
+    def score(self, state: str, node: NodeFacts, view: ClusterView) -> float:
+        spot = node.capacity_type == "spot"
+        if state == "prefer":
+            return 1.0 if spot else 0.0
+        if state == "avoid":
+            return 0.0 if spot else 1.0
+        return 0.0

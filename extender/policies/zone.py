@@ -1,0 +1,29 @@
+"""zone: draw the pods of one placement group to the zone where the group already runs."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from extender.model import NodeFacts, PodFacts
+from extender.policies.base import ClusterView
+
+
+class ZonePolicy:
+    """Pods sharing ``gpu-scheduler.io/group`` score nodes by how many of their group
+    already run in the node's zone (``topology.kubernetes.io/zone``). Soft: a group
+    whose zone is full still schedules elsewhere."""
+
+    name: ClassVar[str] = "zone"
+    scores: ClassVar[bool] = True
+
+    def prepare(self, pod: PodFacts, view: ClusterView) -> dict[str, int] | None:
+        if pod.group is None:
+            return None
+        zones = view.group_zones(pod.namespace, pod.group)
+        return zones or None
+
+    def filter(self, state: dict[str, int], node: NodeFacts, view: ClusterView) -> None:
+        return None
+
+    def score(self, state: dict[str, int], node: NodeFacts, view: ClusterView) -> float:
+        return float(state.get(node.zone, 0)) if node.zone else 0.0

@@ -1,0 +1,49 @@
+"""``gpu-scheduler``: one console script, a subcommand per component.
+
+Each subcommand lives in its component as a module with ``configure(parser)`` and
+``run(args) -> int``; those modules import nothing heavy at the top, so ``--help``
+stays fast and a component's dependencies load only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from gpu_scheduler import __version__
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "extender": ("extender.cli", "serve the kube-scheduler extender (filter/prioritize)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpu-scheduler", description="GPU-aware scheduling for Kubernetes."
+    )
+    parser.add_argument("--version", action="version", version=f"gpu-scheduler {__version__}")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        command = importlib.import_module(module)
+        child = sub.add_parser(name, help=help_text, description=help_text)
+        command.configure(child)
+        child.set_defaults(_run=command.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from gpu_scheduler.logs import setup_logging
+
+    setup_logging(args.log_level)
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""What every HTTP server of ours shares: JSON errors, bounded bodies, ops endpoints.
+
+``/healthz`` (the process answers), ``/readyz`` (it can do its job: caches synced,
+certificates loaded) and ``/metrics`` (Prometheus; aggregated over gunicorn workers
+when ``PROMETHEUS_MULTIPROC_DIR`` is set, as :mod:`gpu_scheduler.serving` does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask, Response, request
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    generate_latest,
+    multiprocess,
+)
+from werkzeug.exceptions import HTTPException
+
+
+class BadInput(ValueError):
+    """Input the caller must fix: answered with 400 and this message."""
+
+
+def json_response(payload: Any, status: int = 200) -> Response:
+    return Response(
+        json.dumps(payload, separators=(",", ":")), status=status, mimetype="application/json"
+    )
+
+
+def json_error(status: int, message: str) -> Response:
+    return json_response({"error": message}, status)
+
+
+def read_json_body(max_bytes: int) -> Any:
+    """The request body parsed as JSON, or :class:`BadInput` saying what is wrong."""
+    length = request.content_length
+    if length is not None and length > max_bytes:
+        raise BadInput(f"request body of {length} bytes is over the limit of {max_bytes}")
+    body = request.stream.read(max_bytes + 1)
+    if len(body) > max_bytes:
+        raise BadInput(f"request body is over the limit of {max_bytes} bytes")
+    if not body:
+        raise BadInput("empty request body; expected JSON")
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInput(f"request body is not JSON: {exc}") from exc
+
+
+def metrics_payload() -> bytes:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry)
+    return generate_latest(REGISTRY)
+
+
+def install_ops_endpoints(app: Flask, ready: Callable[[], tuple[bool, str]]) -> None:
+    """``/healthz``, ``/readyz``, ``/metrics`` and JSON answers for HTTP errors."""
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return json_response({"status": "ok"})
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        ok, detail = ready()
+        return json_response({"ready": ok, "detail": detail}, 200 if ok else 503)
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(metrics_payload(), mimetype=CONTENT_TYPE_LATEST)
+
+    @app.errorhandler(BadInput)
+    def bad_input(exc: BadInput) -> Response:
+        return json_error(400, str(exc))
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> Response:
+        return json_error(exc.code or 500, exc.description or exc.name)
