@@ -143,7 +143,8 @@ class ClusterCache:
         used: dict[str, int] = {}
         groups: dict[tuple[str, str], dict[str, int]] = {}
         for record in records.values():
-            used[record.node] = used.get(record.node, 0) + record.gpus
+            if record.gpus:
+                used[record.node] = used.get(record.node, 0) + record.gpus
             if record.group is not None:
                 members = groups.setdefault(record.group, {})
                 members[record.node] = members.get(record.node, 0) + 1

@@ -83,6 +83,8 @@ def score_nodes(
     if pod.error is not None or count == 0:
         return [0] * count
     known = [i for i, node in enumerate(nodes) if node is not None]
+    if not known:
+        return [0] * count
     totals = [0.0] * count
     weight_sum = 0
     for policy in policies:

@@ -15,6 +15,9 @@ from gpu_scheduler import __version__
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "extender": ("extender.cli", "serve the kube-scheduler extender (filter/prioritize)"),
+    "agent": ("agent.cli", "publish this node's GPUs as node labels and capacity (DaemonSet)"),
+    "webhook": ("webhook.cli", "serve the mutating admission webhook over TLS"),
+    "certs": ("certs.cli", "generate the webhook's CA and serving certificate"),
 }
 
 

@@ -1,0 +1,109 @@
+from decimal import Decimal
+
+import pytest
+
+from gpu_scheduler import contract
+from gpu_scheduler.quantity import QuantityError, parse_quantity
+
+
+def gpu(n, where="requests"):
+    return {"resources": {where: {contract.RESOURCE_GPU: str(n)}}}
+
+
+def test_requests_and_limits_count_the_same():
+    assert contract.pod_gpu_request({"containers": [gpu(2)]}) == 2
+    assert contract.pod_gpu_request({"containers": [gpu(2, "limits")]}) == 2
+
+
+def test_request_wins_over_limit_when_both_given():
+    c = {"resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}
+    assert contract.pod_gpu_request({"containers": [c]}) == 1
+
+
+def test_containers_are_summed():
+    assert contract.pod_gpu_request({"containers": [gpu(1), gpu(2), {"name": "x"}]}) == 3
+
+
+def test_init_containers_count_by_their_maximum():
+    spec = {"containers": [gpu(1)], "initContainers": [gpu(4), gpu(2)]}
+    assert contract.pod_gpu_request(spec) == 4
+    spec = {"containers": [gpu(3)], "initContainers": [gpu(2)]}
+    assert contract.pod_gpu_request(spec) == 3
+
+
+def test_sidecars_add_to_the_sum_and_to_later_init_containers():
+    sidecar = gpu(1) | {"restartPolicy": "Always"}
+    # sidecar runs beside the app container: 2 + 1
+    assert contract.pod_gpu_request({"containers": [gpu(2)], "initContainers": [sidecar]}) == 3
+    # an init container after the sidecar runs beside it: max(1+2, 1+3) = 4
+    spec = {"containers": [gpu(2)], "initContainers": [sidecar, gpu(3)]}
+    assert contract.pod_gpu_request(spec) == 4
+    # an init container before the sidecar runs alone: max(3, 1+2) = 3
+    spec = {"containers": [gpu(2)], "initContainers": [gpu(3), sidecar]}
+    assert contract.pod_gpu_request(spec) == 3
+
+
+def test_overhead_is_added():
+    spec = {"containers": [gpu(1)], "overhead": {contract.RESOURCE_GPU: "1"}}
+    assert contract.pod_gpu_request(spec) == 2
+
+
+def test_no_gpu_and_empty_specs():
+    assert contract.pod_gpu_request(None) == 0
+    assert contract.pod_gpu_request({}) == 0
+    assert contract.pod_gpu_request({"containers": None, "initContainers": None}) == 0
+    assert contract.pod_gpu_request({"containers": [{"resources": None}]}) == 0
+
+
+def test_bad_quantities_raise():
+    with pytest.raises(QuantityError):
+        contract.pod_gpu_request({"containers": [gpu("lots")]})
+    with pytest.raises(QuantityError):
+        contract.pod_gpu_request({"containers": [gpu("500m")]})
+    with pytest.raises(QuantityError):
+        contract.pod_gpu_request({"containers": "nope"})
+
+
+def test_quantities():
+    assert parse_quantity("2") == 2
+    assert parse_quantity(3) == 3
+    assert parse_quantity("2000m") == 2
+    assert parse_quantity("1Ki") == 1024
+    with pytest.raises(QuantityError):
+        parse_quantity(True)
+    with pytest.raises(QuantityError):
+        parse_quantity("1.2.3")
+
+
+@pytest.mark.parametrize(
+    ("text", "mib"),
+    [("40Gi", 40960), ("81920", 81920), ("80G", 76293), ("512Mi", 512), (" 1Ti ", 1048576)],
+)
+def test_parse_mib(text, mib):
+    assert contract.parse_mib(text) == mib
+
+
+def test_parse_mib_rejects_garbage():
+    with pytest.raises(QuantityError):
+        contract.parse_mib("lots")
+
+
+def test_capacity_type_from_either_label():
+    assert contract.capacity_type({contract.LABEL_EKS_CAPACITY_TYPE: "SPOT"}) == "spot"
+    assert contract.capacity_type({contract.LABEL_EKS_CAPACITY_TYPE: "ON_DEMAND"}) == "on-demand"
+    assert contract.capacity_type({contract.LABEL_KARPENTER_CAPACITY_TYPE: "spot"}) == "spot"
+    assert (
+        contract.capacity_type({contract.LABEL_KARPENTER_CAPACITY_TYPE: "on-demand"}) == "on-demand"
+    )
+    assert contract.capacity_type({}) is None
+
+
+def test_gpu_memory_label_and_legacy_fallback():
+    assert contract.node_gpu_memory_mib({contract.LABEL_GPU_MEMORY: "81559"}) == 81559
+    assert contract.node_gpu_memory_mib({contract.LABEL_GPU_MEMORY_LEGACY: "40960"}) == 40960
+    assert contract.node_gpu_memory_mib({contract.LABEL_GPU_MEMORY: "n/a"}) is None
+
+
+def test_product_label_value():
+    assert contract.product_label_value("NVIDIA H100 80GB HBM3") == "NVIDIA-H100-80GB-HBM3"
+    assert isinstance(parse_quantity("1"), Decimal)

@@ -1,0 +1,173 @@
+"""Properties over generated clusters and pods, through the app's wire format."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from extender.app import create_app
+from extender.cache import ClusterCache, pod_record
+from gpu_scheduler import contract
+from tests.factories import make_node, make_pod
+
+PRODUCTS = ["NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB", "NVIDIA-L4", None]
+MEMORY = {"NVIDIA-H100-80GB-HBM3": 81559, "NVIDIA-A100-SXM4-40GB": 40960, "NVIDIA-L4": 23034}
+
+
+@st.composite
+def nodes(draw):
+    count = draw(st.integers(0, 25))
+    out = []
+    for i in range(count):
+        gpus = draw(st.sampled_from([0, 1, 2, 4, 8]))
+        product = draw(st.sampled_from(PRODUCTS)) if gpus else None
+        out.append(
+            make_node(
+                f"n{i}",
+                gpus,
+                product=product,
+                memory_mib=MEMORY.get(product) if draw(st.booleans()) else None,
+                capacity_type=draw(st.sampled_from([None, "SPOT", "ON_DEMAND"])),
+                zone=draw(st.sampled_from([None, "a", "b"])),
+                heartbeat=draw(
+                    st.sampled_from([None, "2027-01-15T07:59:00Z", "2020-01-01T00:00:00Z"])
+                ),
+            )
+        )
+    return out
+
+
+annotation_values = {
+    contract.ANN_MIN_GPU_MEMORY: st.sampled_from(["20Gi", "40960", "80Gi", "bad"]),
+    contract.ANN_GPU_PRODUCTS: st.sampled_from(["NVIDIA-L4", "NVIDIA-L4,NVIDIA-H100-80GB-HBM3"]),
+    contract.ANN_PLACEMENT: st.sampled_from(["binpack", "spread", "zigzag"]),
+    contract.ANN_SPOT: st.sampled_from(["prefer", "avoid", "require", "forbid"]),
+    contract.ANN_GROUP: st.sampled_from(["g1", "g2"]),
+}
+
+
+@st.composite
+def pods(draw):
+    chosen = draw(st.lists(st.sampled_from(sorted(annotation_values)), unique=True, max_size=5))
+    annotations = {key: draw(annotation_values[key]) for key in chosen}
+    return make_pod(
+        "p",
+        draw(st.sampled_from([0, 1, 2, 3, 8, 16])),
+        annotations=annotations,
+        use_limits=draw(st.booleans()),
+    )
+
+
+@st.composite
+def running_pods(draw, node_names):
+    if not node_names:
+        return []
+    out = []
+    for i in range(draw(st.integers(0, 15))):
+        ann = (
+            {contract.ANN_GROUP: draw(st.sampled_from(["g1", "g2"]))} if draw(st.booleans()) else {}
+        )
+        out.append(
+            make_pod(
+                f"r{i}",
+                draw(st.integers(0, 4)),
+                node=draw(st.sampled_from(node_names)),
+                phase=draw(st.sampled_from(["Pending", "Running", "Succeeded"])),
+                annotations=ann,
+            )
+        )
+    return out
+
+
+def check_filter(body, names):
+    passed = body.get("NodeNames")
+    if passed is None:
+        passed = [n["metadata"]["name"] for n in body["Nodes"]["items"]]
+    failed, unresolvable = body["FailedNodes"], body["FailedAndUnresolvableNodes"]
+    assert body["Error"] == ""
+    # nothing invented, everything accounted for exactly once
+    assert set(passed) | set(failed) | set(unresolvable) == set(names)
+    assert len(passed) + len(failed) + len(unresolvable) == len(names)
+    assert all(
+        isinstance(reason, str) and reason for reason in [*failed.values(), *unresolvable.values()]
+    )
+
+
+def check_scores(body, names):
+    assert [h["Host"] for h in body] == names
+    assert all(type(h["Score"]) is int and 0 <= h["Score"] <= 10 for h in body)
+
+
+ARGS_APP = create_app().test_client()
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(nodes=nodes(), pod=pods())
+def test_args_mode_accounts_for_every_node(nodes, pod):
+    names = [n["metadata"]["name"] for n in nodes]
+    body = {"Pod": pod, "Nodes": {"items": nodes}, "NodeNames": None}
+    check_filter(ARGS_APP.post("/filter", json=body).get_json(), names)
+    check_scores(ARGS_APP.post("/prioritize", json=body).get_json(), names)
+
+
+@SETTINGS
+@given(data=st.data(), nodes=nodes(), pod=pods(), unknown=st.integers(0, 3))
+def test_cluster_mode_accounts_for_every_node(data, nodes, pod, unknown):
+    names = [n["metadata"]["name"] for n in nodes]
+    cache = ClusterCache(clock=lambda: 1_800_000_000.0)
+    cache.replace_nodes(nodes)
+    cache.replace_pods(data.draw(running_pods(names)))
+    client = create_app(node_source="cluster", cache=cache).test_client()
+    asked = names + [f"ghost{i}" for i in range(unknown)]
+    body = {"Pod": pod, "Nodes": None, "NodeNames": asked}
+    check_filter(client.post("/filter", json=body).get_json(), asked)
+    check_scores(client.post("/prioritize", json=body).get_json(), asked)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(
+            st.sampled_from(["ADDED", "MODIFIED", "DELETED"]),
+            st.integers(0, 5),  # pod
+            st.sampled_from(["n0", "n1", "n2"]),
+            st.integers(0, 3),  # gpus
+            st.sampled_from(["Pending", "Running", "Succeeded"]),
+            st.sampled_from([None, "g"]),
+        ),
+        max_size=40,
+    )
+)
+def test_watch_events_keep_the_same_totals_as_a_fresh_list(events):
+    cache = ClusterCache()
+    cache.replace_nodes([make_node(n, 8, zone=n) for n in ("n0", "n1", "n2")])
+    live = {}
+    for kind, i, node, gpus, phase, group in events:
+        pod = make_pod(
+            f"p{i}",
+            gpus,
+            node=node,
+            phase=phase,
+            annotations={contract.ANN_GROUP: group} if group else {},
+        )
+        cache.pod_event(kind, pod)
+        if kind == "DELETED":
+            live.pop(i, None)
+        else:
+            live[i] = pod
+    fresh = ClusterCache()
+    fresh.replace_nodes([make_node(n, 8, zone=n) for n in ("n0", "n1", "n2")])
+    fresh.replace_pods(live.values())
+    for node in ("n0", "n1", "n2"):
+        assert cache.used_gpus(node) == fresh.used_gpus(node)
+    assert cache.group_zones("default", "g") == fresh.group_zones("default", "g")
+    assert cache._used == fresh._used and cache._groups == fresh._groups
+
+
+def test_pod_record_skips_unbound_finished_and_uninteresting_pods():
+    assert pod_record(make_pod(gpus=1)) is None
+    assert pod_record(make_pod(gpus=1, node="n", phase="Failed")) is None
+    assert pod_record(make_pod(gpus=0, node="n", phase="Running")) is None
+    _uid, record = pod_record(make_pod(gpus=2, node="n", phase="Running"))
+    assert (record.node, record.gpus, record.group) == ("n", 2, None)
