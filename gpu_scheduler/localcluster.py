@@ -1,0 +1,480 @@
+"""A real Kubernetes control plane on 127.0.0.1, for the end-to-end tests and the demo.
+
+etcd, kube-apiserver, kube-controller-manager and kube-scheduler run from the one
+binary that ``make controlplane`` builds from the Kubernetes Go modules
+(``tools/k8s``). There is no kubelet: nodes are Node objects created through the API,
+and :class:`KubeletShim` plays the kubelet's part of copying extended-resource capacity
+into allocatable. Every process is started here and stopped by its pid; each one's log
+stays in the work directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpu_scheduler import contract
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+BINARY_ENV = "GPU_SCHEDULER_K8S_BIN"
+ADMIN_TOKEN = "gpu-scheduler-local-admin"  # a throwaway cluster on loopback only
+# The apiserver wants a non-loopback address to publish in the `kubernetes` Service's
+# endpoints. TEST-NET-1 (RFC 5737) is reserved for documentation: nothing is ever
+# sent there, the apiserver only writes it into an Endpoints object.
+ADVERTISE_ADDRESS = "192.0.2.10"
+CONTROLLERS = (
+    "daemonset",
+    "replicaset",
+    "deployment",
+    "namespace",
+    "garbagecollector",
+    "serviceaccount",
+    "serviceaccount-token",
+)
+
+
+class ControlPlaneError(RuntimeError):
+    pass
+
+
+def find_binary() -> Path | None:
+    """The control-plane binary: $GPU_SCHEDULER_K8S_BIN, else the newest build in .cache/."""
+    env = os.environ.get(BINARY_ENV)
+    if env and Path(env).is_file():
+        return Path(env)
+    builds = sorted(glob.glob(str(ROOT / ".cache" / "k8s" / "*" / "k8s")), key=os.path.getmtime)
+    return Path(builds[-1]) if builds else None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    return env
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.popen.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+
+@dataclass
+class LocalCluster:
+    """A running control plane. Use :func:`start_control_plane`, then :meth:`stop`."""
+
+    workdir: Path
+    binary: Path
+    api_port: int
+    kubeconfig: Path
+    ca_file: Path
+    processes: dict[str, Process] = field(default_factory=dict)
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    def spawn(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> Process:
+        """Start a process in its own session, logging to ``<workdir>/logs/<name>.log``."""
+        if name in self.processes and self.processes[name].alive():
+            raise ControlPlaneError(f"{name} is already running")
+        log_path = self.workdir / "logs" / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as handle:
+            popen = subprocess.Popen(
+                args,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**_clean_env(), **(env or {})},
+                cwd=ROOT,
+                start_new_session=True,
+            )
+        proc = Process(name, popen, log_path)
+        self.processes[name] = proc
+        log.info("started", extra={"component": name, "pid": popen.pid, "log": str(log_path)})
+        return proc
+
+    def stop_process(self, name: str) -> None:
+        proc = self.processes.pop(name, None)
+        if proc is not None:
+            proc.stop()
+
+    def stop(self) -> None:
+        # Reverse start order: our components, schedulers and controllers, then the
+        # apiserver, etcd last.
+        for name in reversed(list(self.processes)):
+            self.stop_process(name)
+
+    def failures(self) -> str:
+        """Tails of the logs of every process, for a failed test's report."""
+        parts = []
+        for proc in self.processes.values():
+            state = "running" if proc.alive() else f"exited {proc.popen.returncode}"
+            parts.append(f"--- {proc.name} ({state}) {proc.log_path}\n{proc.tail()}")
+        return "\n".join(parts)
+
+    def k8s(self, *args: str, timeout: float = 120, check: bool = True) -> str:
+        """Run a component of the binary (e.g. ``kubectl``) against this cluster."""
+        cmd = [str(self.binary), *args]
+        if args and args[0] == "kubectl":
+            cmd = [str(self.binary), "kubectl", f"--kubeconfig={self.kubeconfig}", *args[1:]]
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=_clean_env(), cwd=ROOT
+        )
+        if check and done.returncode != 0:
+            raise ControlPlaneError(f"{' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+        return done.stdout + done.stderr
+
+    def api_client(self) -> Any:
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def start_scheduler(self, name: str, config: Mapping[str, Any]) -> Process:
+        """A kube-scheduler with this KubeSchedulerConfiguration (v1), leader election off."""
+        cfg = dict(config)
+        cfg["clientConnection"] = {"kubeconfig": str(self.kubeconfig)}
+        cfg["leaderElection"] = {"leaderElect": False}
+        path = self.workdir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        port = free_port()
+        proc = self.spawn(
+            name,
+            [
+                str(self.binary),
+                "kube-scheduler",
+                f"--config={path}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "-v=2",
+            ],
+        )
+        wait_url(f"https://127.0.0.1:{port}/healthz", 60, proc, insecure=True)
+        return proc
+
+
+def wait_url(
+    url: str,
+    timeout: float,
+    proc: Process,
+    *,
+    ca_file: Path | None = None,
+    token: str | None = None,
+    insecure: bool = False,
+) -> None:
+    """Poll ``url`` until it answers 200; fail early if ``proc`` exits."""
+    context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+    if insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise ControlPlaneError(f"{proc.name} exited:\n{proc.tail()}")
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except Exception as exc:  # not up yet
+            last = exc
+        time.sleep(0.25)
+    raise ControlPlaneError(f"{proc.name} not ready after {timeout}s ({last!r}):\n{proc.tail()}")
+
+
+def _wait_port(port: int, timeout: float, proc: Process) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise ControlPlaneError(f"{proc.name} exited:\n{proc.tail()}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        time.sleep(0.1)
+    raise ControlPlaneError(f"{proc.name} did not open port {port}:\n{proc.tail()}")
+
+
+def _write_kubeconfig(path: Path, server: str, ca_file: Path, token: str) -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "local", "cluster": {"server": server, "certificate-authority": str(ca_file)}}
+        ],
+        "users": [{"name": "admin", "user": {"token": token}}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+        "current-context": "local",
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+
+
+def start_control_plane(workdir: Path, binary: Path | None = None) -> LocalCluster:
+    """etcd, kube-apiserver and kube-controller-manager, ready to use.
+
+    Schedulers are started separately (:meth:`LocalCluster.start_scheduler`), each
+    with its own configuration. On failure everything started is stopped again.
+    """
+    from cryptography.hazmat.primitives import serialization
+
+    from certs import build, store
+
+    binary = binary or find_binary()
+    if binary is None:
+        raise ControlPlaneError("no control-plane binary: run `make controlplane`")
+    workdir.mkdir(parents=True, exist_ok=True)
+    pki = workdir / "pki"
+    store.generate(pki, build.service_identity("kubernetes", "default", ["127.0.0.1"]))
+    sa_key = build.new_key()
+    store.write_private(pki / "sa.key", build.key_pem(sa_key))
+    store.write_public(
+        pki / "sa.pub",
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ),
+    )
+    tokens = workdir / "tokens.csv"
+    tokens.write_text(f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n')
+    tokens.chmod(0o600)
+    api_port = free_port()
+    cluster = LocalCluster(workdir, binary, api_port, workdir / "kubeconfig", pki / store.CA_CERT)
+    _write_kubeconfig(cluster.kubeconfig, cluster.server, cluster.ca_file, ADMIN_TOKEN)
+    try:
+        _start_core(cluster, pki, tokens)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _start_core(cluster: LocalCluster, pki: Path, tokens: Path) -> None:
+    binary, workdir = str(cluster.binary), cluster.workdir
+    etcd_port, peer_port = free_port(), free_port()
+    etcd = cluster.spawn(
+        "etcd",
+        [
+            binary,
+            "etcd",
+            f"--data-dir={workdir / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+            f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ],
+    )
+    _wait_port(etcd_port, 60, etcd)
+    apiserver = cluster.spawn(
+        "kube-apiserver",
+        [
+            binary,
+            "kube-apiserver",
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={cluster.api_port}",
+            f"--advertise-address={ADVERTISE_ADDRESS}",
+            f"--tls-cert-file={pki / 'tls.crt'}",
+            f"--tls-private-key-file={pki / 'tls.key'}",
+            f"--token-auth-file={tokens}",
+            "--authorization-mode=RBAC",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--allow-privileged=true",
+            "--enable-priority-and-fairness=false",
+            "--profiling=false",
+            "-v=1",
+        ],
+    )
+    wait_url(
+        f"{cluster.server}/readyz",
+        120,
+        apiserver,
+        ca_file=cluster.ca_file,
+        token=ADMIN_TOKEN,
+    )
+    cluster.spawn(
+        "kube-controller-manager",
+        [
+            binary,
+            "kube-controller-manager",
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"--authentication-kubeconfig={cluster.kubeconfig}",
+            f"--authorization-kubeconfig={cluster.kubeconfig}",
+            f"--controllers={','.join(CONTROLLERS)}",
+            "--leader-elect=false",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={cluster.ca_file}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            "--concurrent-deployment-syncs=2",
+            "-v=1",
+        ],
+    )
+
+
+class KubeletShim:
+    """Plays the one part of the kubelet the tests need: once a node's status capacity
+    carries ``nvidia.com/gpu`` (the agent's JSON patch), copy it into allocatable, as
+    the kubelet does for extended resources. Runs a watch in a daemon thread."""
+
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api_client)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kubelet-shim", daemon=True)
+
+    def start(self) -> KubeletShim:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def sync(self, node: Mapping[str, Any]) -> bool:
+        status = node.get("status") or {}
+        capacity = (status.get("capacity") or {}).get(contract.RESOURCE_GPU)
+        allocatable = (status.get("allocatable") or {}).get(contract.RESOURCE_GPU)
+        if capacity == allocatable:
+            return False
+        path = "/status/allocatable/" + contract.RESOURCE_GPU.replace("/", "~1")
+        if capacity is None:
+            op = {"op": "remove", "path": path}
+        else:
+            op = {"op": "add", "path": path, "value": capacity}
+        if not status.get("allocatable"):
+            op = {"op": "add", "path": "/status/allocatable", "value": {}}
+            self.core.patch_node_status(node["metadata"]["name"], [op])
+            return self.sync(node | {"status": status | {"allocatable": {}}})
+        self.core.patch_node_status(node["metadata"]["name"], [op])
+        return True
+
+    def _run(self) -> None:
+        from kubernetes import watch
+
+        while not self._stop.is_set():
+            try:
+                for event in watch.Watch().stream(
+                    self.core.list_node, timeout_seconds=60, deserialize=False
+                ):
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self.sync(event["raw_object"])
+                    if self._stop.is_set():
+                        return
+            except Exception as exc:
+                log.warning("kubelet shim watch failed", extra={"error": repr(exc)})
+                self._stop.wait(1)
+
+
+def node_object(
+    name: str,
+    *,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    gpus: int | None = None,
+    cpu: str = "32",
+    memory: str = "256Gi",
+    taints: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    """A Node as a kubelet would register it (Ready, with capacity and allocatable).
+
+    ``gpus`` sets ``nvidia.com/gpu`` capacity and allocatable directly (as if a device
+    plugin had advertised them); leave it None to let the agent publish capacity.
+    """
+    resources = {"cpu": cpu, "memory": memory, "pods": "110"}
+    if gpus is not None:
+        resources[contract.RESOURCE_GPU] = str(gpus)
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                **(labels or {}),
+            },
+            "annotations": dict(annotations or {}),
+        },
+        "spec": {"taints": list(taints or [])},
+        "status": {
+            "capacity": dict(resources),
+            "allocatable": dict(resources),
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "node created by gpu-scheduler's local cluster",
+                }
+            ],
+        },
+    }
+
+
+@contextlib.contextmanager
+def local_cluster(workdir: Path, binary: Path | None = None) -> Iterator[LocalCluster]:
+    cluster = start_control_plane(workdir, binary)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def remove_workdir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

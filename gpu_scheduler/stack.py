@@ -1,0 +1,201 @@
+"""The whole product on the local control plane: what `make demo` and the e2e tests run.
+
+On top of :mod:`gpu_scheduler.localcluster` it starts our extender (cluster mode), our
+webhook (TLS, certificates from the certs tool, registered with a ``url`` clientConfig
+and its caBundle, rules and matchConditions taken from deploy/), two kube-schedulers
+(the cluster's default one, and the ``gpu-scheduler`` profile from deploy/'s
+KubeSchedulerConfiguration with the extender at 127.0.0.1), and agents on demand.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpu_scheduler import contract
+from gpu_scheduler.localcluster import (
+    ROOT,
+    ControlPlaneError,
+    KubeletShim,
+    LocalCluster,
+    Process,
+    free_port,
+    start_control_plane,
+    wait_url,
+)
+
+log = logging.getLogger(__name__)
+
+DEPLOY = ROOT / "deploy"
+CLI = [sys.executable, "-m", "gpu_scheduler.cli"]
+WEBHOOK_SERVICE = "gpu-scheduler-webhook"
+NAMESPACE = "gpu-scheduler"
+
+
+def deploy_documents(folder: str) -> list[dict[str, Any]]:
+    """Every YAML document in ``deploy/<folder>/`` (not its kustomization)."""
+    docs: list[dict[str, Any]] = []
+    for path in sorted((DEPLOY / folder).glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return docs
+
+
+def scheduler_config(extender_url: str) -> dict[str, Any]:
+    """deploy/'s KubeSchedulerConfiguration with the extender at ``extender_url``."""
+    cfg = yaml.safe_load((DEPLOY / "scheduler" / "scheduler-config.yaml").read_text())
+    for extender in cfg.get("extenders") or []:
+        extender["urlPrefix"] = extender_url
+    return cfg
+
+
+DEFAULT_SCHEDULER_CONFIG = {
+    "apiVersion": "kubescheduler.config.k8s.io/v1",
+    "kind": "KubeSchedulerConfiguration",
+    "profiles": [{"schedulerName": contract.DEFAULT_SCHEDULER}],
+}
+
+
+def webhook_configuration(url: str, ca_bundle: str) -> dict[str, Any]:
+    """deploy/'s MutatingWebhookConfiguration, pointed at ``url`` instead of the Service."""
+    found = [d for d in deploy_documents("webhook") if d["kind"] == "MutatingWebhookConfiguration"]
+    if len(found) != 1:
+        raise ControlPlaneError("deploy/webhook/ must hold one MutatingWebhookConfiguration")
+    config = copy.deepcopy(found[0])
+    config["metadata"] = {"name": config["metadata"]["name"]}
+    for hook in config["webhooks"]:
+        hook["clientConfig"] = {"url": url, "caBundle": ca_bundle}
+    return config
+
+
+@dataclass
+class Stack:
+    cluster: LocalCluster
+    workdir: Path
+    extender_port: int = 0
+    webhook_port: int = 0
+    cert_dir: Path = field(default_factory=Path)
+    shim: KubeletShim | None = None
+    api: Any = None
+
+    # --- components ---------------------------------------------------------------
+    def start_extender(self, config: dict[str, Any] | None = None) -> Process:
+        self.extender_port = self.extender_port or free_port()
+        args = [
+            *CLI,
+            "extender",
+            "--host=127.0.0.1",
+            f"--port={self.extender_port}",
+            "--node-source=cluster",
+            f"--kubeconfig={self.cluster.kubeconfig}",
+        ]
+        if config is not None:
+            path = self.workdir / "extender-config.yaml"
+            path.write_text(yaml.safe_dump(config))
+            args.append(f"--config={path}")
+        proc = self.cluster.spawn("extender", args)
+        wait_url(f"http://127.0.0.1:{self.extender_port}/readyz", 60, proc)
+        return proc
+
+    def start_webhook(self) -> Process:
+        from certs import build, store
+
+        self.cert_dir = self.workdir / "webhook-certs"
+        store.generate(
+            self.cert_dir, build.service_identity(WEBHOOK_SERVICE, NAMESPACE, ["127.0.0.1"])
+        )
+        self.webhook_port = self.webhook_port or free_port()
+        proc = self.cluster.spawn(
+            "webhook",
+            [
+                *CLI,
+                "webhook",
+                "--host=127.0.0.1",
+                f"--port={self.webhook_port}",
+                f"--cert-dir={self.cert_dir}",
+                "--workers=1",
+            ],
+        )
+        wait_url(
+            f"https://127.0.0.1:{self.webhook_port}/readyz",
+            60,
+            proc,
+            ca_file=self.cert_dir / store.CA_CERT,
+        )
+        return proc
+
+    def register_webhook(self) -> dict[str, Any]:
+        from kubernetes import client
+
+        from certs import store
+
+        config = webhook_configuration(
+            f"https://127.0.0.1:{self.webhook_port}/mutate", store.ca_bundle(self.cert_dir)
+        )
+        admission = client.AdmissionregistrationV1Api(self.api)
+        admission.create_mutating_webhook_configuration(config)
+        return config
+
+    def start_schedulers(self) -> None:
+        self.cluster.start_scheduler("default-scheduler", DEFAULT_SCHEDULER_CONFIG)
+        self.cluster.start_scheduler(
+            "gpu-scheduler", scheduler_config(f"http://127.0.0.1:{self.extender_port}")
+        )
+
+    def start_agent(
+        self,
+        node: str,
+        fake_gpus: Path,
+        *,
+        interval: str = "2s",
+        heartbeat_interval: str = "5m",
+        extra: list[str] | None = None,
+    ) -> Process:
+        port = free_port()
+        return self.cluster.spawn(
+            f"agent-{node}",
+            [
+                *CLI,
+                "agent",
+                f"--node-name={node}",
+                f"--fake-gpus={fake_gpus}",
+                f"--kubeconfig={self.cluster.kubeconfig}",
+                f"--interval={interval}",
+                f"--heartbeat-interval={heartbeat_interval}",
+                f"--port={port}",
+                *(extra or []),
+            ],
+        )
+
+    def stop(self) -> None:
+        if self.shim is not None:
+            self.shim.stop()
+        self.cluster.stop()
+
+
+def start_stack(workdir: Path, *, extender_config: dict[str, Any] | None = None) -> Stack:
+    """Control plane, kubelet shim, extender, webhook (registered) and both schedulers."""
+    started = time.monotonic()
+    cluster = start_control_plane(workdir)
+    stack = Stack(cluster, workdir)
+    try:
+        stack.api = cluster.api_client()
+        stack.shim = KubeletShim(stack.api).start()
+        log.info("control plane up", extra={"seconds": round(time.monotonic() - started, 1)})
+        stack.start_extender(extender_config)
+        stack.start_webhook()
+        stack.register_webhook()
+        stack.start_schedulers()
+        log.info("stack up", extra={"seconds": round(time.monotonic() - started, 1)})
+    except BaseException:
+        stack.stop()
+        raise
+    return stack

@@ -1,0 +1,130 @@
+"""Path 3: GPU pods placed by the real kube-scheduler through our extender.
+
+Each case labels its own nodes and pins its pods to them with a nodeSelector, so the
+scheduler hands the extender only that case's nodes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from gpu_scheduler import contract
+from tests.e2e.kube import (
+    create_node,
+    create_pod,
+    delete_pod,
+    gpu_labels,
+    pod_manifest,
+    unique,
+    wait_bound,
+    wait_event,
+)
+
+H100 = ("NVIDIA-H100-80GB-HBM3", 81559)
+A100_80 = ("NVIDIA-A100-SXM4-80GB", 81920)
+A100_40 = ("NVIDIA-A100-SXM4-40GB", 40960)
+GPU_TAINT = [{"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}]
+
+
+def gpu_node(stack, case, gpus, model=H100, **labels):
+    name = unique(case)
+    return create_node(
+        stack,
+        name,
+        case=case,
+        gpus=gpus,
+        labels=gpu_labels(gpus, *model, **labels),
+        taints=GPU_TAINT,
+    )
+
+
+def bind(stack, node, gpus, annotations=None):
+    """A pod already running on ``node`` (bound directly, as if scheduled earlier)."""
+    name = unique("running")
+    create_pod(stack, pod_manifest(name, gpus, node_name=node, annotations=annotations))
+    return name
+
+
+def place(stack, case, gpus=1, annotations=None):
+    name = unique("pod")
+    pod = create_pod(stack, pod_manifest(name, gpus, case=case, annotations=annotations))
+    assert pod["spec"]["schedulerName"] == contract.SCHEDULER_NAME  # the webhook routed it
+    return name
+
+
+def test_binpack_fills_the_fullest_node_that_fits(stack):
+    case = "binpack"
+    empty = gpu_node(stack, case, 8)
+    half = gpu_node(stack, case, 8)
+    almost = gpu_node(stack, case, 8)
+    bind(stack, half, 4)
+    bind(stack, almost, 7)
+    first = place(stack, case)
+    assert wait_bound(stack, first) == almost  # 1 free: perfect fit
+    second = place(stack, case, 2)
+    assert wait_bound(stack, second) == half  # almost is full now; half has 4
+    third = place(stack, case, 8)
+    assert wait_bound(stack, third) == empty
+
+
+def test_min_gpu_memory_lands_only_on_80gib_gpus(stack):
+    case = "memory"
+    small = [gpu_node(stack, case, 8, A100_40) for _ in range(2)]
+    big = gpu_node(stack, case, 8, A100_80)
+    for node in small:
+        bind(stack, node, 7)  # binpack alone would pick these
+    pod = place(stack, case, annotations={contract.ANN_MIN_GPU_MEMORY: "80Gi"})
+    assert wait_bound(stack, pod) == big
+
+
+def test_impossible_pod_stays_pending_with_the_extenders_reason(stack):
+    case = "impossible"
+    gpu_node(stack, case, 8, A100_40)
+    pod = place(stack, case, annotations={contract.ANN_GPU_PRODUCTS: "NVIDIA-B200"})
+    message = wait_event(stack, pod, "is not one of gpu-scheduler.io/gpu-products=NVIDIA-B200")
+    assert "FailedScheduling" in message
+
+
+@pytest.mark.parametrize(("preference", "expected"), [("avoid", "on-demand"), ("prefer", "spot")])
+def test_spot_preference_decides_between_otherwise_equal_nodes(stack, preference, expected):
+    case = unique("spot")
+    nodes = {
+        "spot": gpu_node(stack, case, 8, **{contract.LABEL_EKS_CAPACITY_TYPE: "SPOT"}),
+        "on-demand": gpu_node(stack, case, 8, **{contract.LABEL_EKS_CAPACITY_TYPE: "ON_DEMAND"}),
+    }
+    pod = place(stack, case, annotations={contract.ANN_SPOT: preference})
+    assert wait_bound(stack, pod) == nodes[expected]
+
+
+def test_group_is_drawn_to_the_zone_it_runs_in(stack):
+    case = "zone"
+    zone_a = [gpu_node(stack, case, 8, **{contract.LABEL_ZONE: "zone-a"}) for _ in range(2)]
+    zone_b = [gpu_node(stack, case, 8, **{contract.LABEL_ZONE: "zone-b"}) for _ in range(2)]
+    group = {contract.ANN_GROUP: "llama-ft"}
+    bind(stack, zone_b[0], 2, annotations=group)
+    bind(stack, zone_a[0], 5)  # binpack alone would choose zone a's fuller node
+    for _ in range(3):
+        pod = place(stack, case, annotations=group)
+        assert wait_bound(stack, pod) in zone_b
+
+
+def test_node_with_a_stale_agent_heartbeat_gets_no_gpu_pods(stack):
+    case = "heartbeat"
+    now = dt.datetime.now(dt.UTC)
+    stale_at = (now - dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    fresh_at = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    stale = gpu_node(stack, case, 8)
+    fresh = gpu_node(stack, case, 8)
+    from kubernetes import client
+
+    api = client.CoreV1Api(stack.api)
+    api.patch_node(stale, {"metadata": {"annotations": {contract.ANN_HEARTBEAT: stale_at}}})
+    api.patch_node(fresh, {"metadata": {"annotations": {contract.ANN_HEARTBEAT: fresh_at}}})
+    bind(stack, fresh, 7)  # fresh has 1 free; stale has 8
+    pod = place(stack, case)
+    assert wait_bound(stack, pod) == fresh
+    waiting = place(stack, case)  # fresh is full now, and stale must not take it
+    wait_event(stack, waiting, "agent on this node is silent")
+    delete_pod(stack, waiting)
