@@ -1,0 +1,278 @@
+"""``gpu-scheduler demo``: the whole product on a local control plane, in one command.
+
+Starts the control plane (built by ``make controlplane``), our extender, webhook and
+kube-scheduler profile, creates a handful of nodes whose GPUs our agent publishes from
+fake inventories, creates a mix of GPU and CPU pods, and prints where each landed and
+why, then the cluster's GPU inventory (``gpu-scheduler status``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpu_scheduler import contract
+
+log = logging.getLogger(__name__)
+
+H100 = {"name": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559, "computeCapability": "9.0"}
+A100 = {"name": "NVIDIA A100-SXM4-40GB", "memoryMiB": 40960, "computeCapability": "8.0"}
+L4 = {"name": "NVIDIA L4", "memoryMiB": 23034, "computeCapability": "8.9"}
+GPU_TAINT = {"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}
+
+
+@dataclass(frozen=True)
+class DemoNode:
+    name: str
+    gpu: dict[str, Any] | None = None
+    count: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+NODES = (
+    DemoNode(
+        "h100-spot-a1",
+        H100,
+        8,
+        {contract.LABEL_ZONE: "zone-a", contract.LABEL_KARPENTER_CAPACITY_TYPE: "spot"},
+    ),
+    DemoNode(
+        "h100-spot-a2",
+        H100,
+        8,
+        {contract.LABEL_ZONE: "zone-a", contract.LABEL_KARPENTER_CAPACITY_TYPE: "spot"},
+    ),
+    DemoNode(
+        "a100-od-b1",
+        A100,
+        4,
+        {contract.LABEL_ZONE: "zone-b", contract.LABEL_EKS_CAPACITY_TYPE: "ON_DEMAND"},
+    ),
+    DemoNode(
+        "a100-od-b2",
+        A100,
+        4,
+        {contract.LABEL_ZONE: "zone-b", contract.LABEL_EKS_CAPACITY_TYPE: "ON_DEMAND"},
+    ),
+    DemoNode(
+        "l4-od-c1",
+        L4,
+        2,
+        {contract.LABEL_ZONE: "zone-c", contract.LABEL_EKS_CAPACITY_TYPE: "ON_DEMAND"},
+    ),
+    DemoNode("cpu-c1", None, 0, {contract.LABEL_ZONE: "zone-c"}),
+)
+
+# (name, GPUs, annotations, what the pod shows)
+PODS: tuple[tuple[str, int, dict[str, str], str], ...] = (
+    (
+        "pretrain",
+        8,
+        {contract.ANN_MIN_GPU_MEMORY: "79Gi", contract.ANN_SPOT: "prefer"},
+        "8 big GPUs, spot welcome",
+    ),
+    ("ddp-worker-0", 2, {contract.ANN_GROUP: "ddp"}, "placement group"),
+    ("ddp-worker-1", 2, {contract.ANN_GROUP: "ddp"}, "placement group"),
+    ("ddp-worker-2", 2, {contract.ANN_GROUP: "ddp"}, "placement group"),
+    ("notebook", 1, {}, "binpack onto on-demand"),
+    ("embed", 1, {contract.ANN_GPU_PRODUCTS: "NVIDIA-L4"}, "only L4"),
+    ("batch-spot", 4, {contract.ANN_SPOT: "require"}, "spot only"),
+    ("web", 0, {}, "CPU pod"),
+    ("needs-b200", 1, {contract.ANN_GPU_PRODUCTS: "NVIDIA-B200"}, "impossible on purpose"),
+)
+
+
+def inventory(node: DemoNode) -> dict[str, Any]:
+    assert node.gpu is not None
+    return {
+        "driverVersion": "550.54.15",
+        "cudaDriverVersion": "12.4",
+        "gpus": [
+            {
+                **node.gpu,
+                "uuid": f"GPU-{node.name}-{i}",
+                "migEnabled": False,
+                "healthy": True,
+            }
+            for i in range(node.count)
+        ],
+    }
+
+
+def pod_manifest(name: str, gpus: int, annotations: dict[str, str]) -> dict[str, Any]:
+    resources: dict[str, Any] = {"requests": {"cpu": "500m", "memory": "512Mi"}}
+    if gpus:
+        resources["limits"] = {contract.RESOURCE_GPU: str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations, "labels": {"app": "demo"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": resources}
+            ],
+        },
+    }
+
+
+def why(pod: dict[str, Any], node: dict[str, Any] | None, events: list[str]) -> str:
+    """A one-line account of a placement from the pod's knobs and the node's facts."""
+    if node is None:
+        failed = [e for e in events if "FailedScheduling" in e]
+        return failed[-1][:160] if failed else "pending"
+    labels = node["metadata"].get("labels") or {}
+    annotations = pod["metadata"].get("annotations") or {}
+    try:
+        gpus = contract.pod_gpu_request(pod["spec"])
+    except ValueError:
+        gpus = 0
+    if not gpus:
+        return "no GPUs asked: default scheduler; GPU nodes are tainted"
+    parts = [f"{pod['spec'].get('schedulerName')}"]
+    if contract.ANN_MIN_GPU_MEMORY in annotations:
+        want = annotations[contract.ANN_MIN_GPU_MEMORY]
+        parts.append(f"{labels.get(contract.LABEL_GPU_MEMORY)} MiB/GPU >= {want}")
+    if contract.ANN_GPU_PRODUCTS in annotations:
+        parts.append(f"product {labels.get(contract.LABEL_GPU_PRODUCT)}")
+    spot = annotations.get(contract.ANN_SPOT, "avoid")
+    parts.append(f"{contract.capacity_type(labels) or 'on-demand'} (spot: {spot})")
+    if contract.ANN_GROUP in annotations:
+        parts.append(
+            f"group {annotations[contract.ANN_GROUP]} in {labels.get(contract.LABEL_ZONE)}"
+        )
+    parts.append(annotations.get(contract.ANN_PLACEMENT, "binpack"))
+    return ", ".join(parts)
+
+
+def run_demo(workdir: Path, keep: bool) -> int:
+    from kubernetes import client
+
+    from gpu_scheduler.localcluster import node_object
+    from gpu_scheduler.stack import start_stack
+    from gpu_scheduler.status import cluster_status, render_table
+
+    print(
+        "starting the control plane and gpu-scheduler (extender, webhook, scheduler)...", flush=True
+    )
+    started = time.monotonic()
+    stack = start_stack(workdir)
+    try:
+        core = client.CoreV1Api(stack.api)
+        print(f"  up in {time.monotonic() - started:.0f}s; creating nodes and agents", flush=True)
+        for node in NODES:
+            taints = [GPU_TAINT] if node.gpu else []
+            core.create_node(node_object(node.name, labels=node.labels, taints=taints))
+            if node.gpu:
+                path = workdir / f"{node.name}-gpus.yaml"
+                path.write_text(yaml.safe_dump(inventory(node)))
+                stack.start_agent(node.name, path)
+        _wait_for_capacity(core, [n for n in NODES if n.gpu])
+        print("  agents published labels and capacity; creating pods", flush=True)
+        for name, gpus, annotations, _ in PODS:
+            core.create_namespaced_pod("default", pod_manifest(name, gpus, annotations))
+            _wait_pod(core, name, 30 if "b200" not in name else 8)
+        time.sleep(1)
+        nodes = {
+            n["metadata"]["name"]: n
+            for n in stack.api.sanitize_for_serialization(core.list_node().items)
+        }
+        rows = []
+        for name, gpus, _, note in PODS:
+            pod = stack.api.sanitize_for_serialization(core.read_namespaced_pod(name, "default"))
+            node_name = pod["spec"].get("nodeName")
+            events = [
+                f"{e.reason}: {e.message}"
+                for e in core.list_namespaced_event(
+                    "default", field_selector=f"involvedObject.name={name}"
+                ).items
+            ]
+            rows.append(
+                (
+                    name,
+                    node_name or "(Pending)",
+                    str(gpus),
+                    note,
+                    why(pod, nodes.get(node_name or ""), events),
+                )
+            )
+        print()
+        print(render_table(("POD", "NODE", "GPUS", "ASKED FOR", "WHY THAT NODE"), rows))
+        print()
+        print(cluster_status(stack.api))
+        if keep:
+            print(
+                f"\nThe cluster keeps running. kubeconfig: {stack.cluster.kubeconfig}\n"
+                f"  {stack.cluster.binary} kubectl --kubeconfig {stack.cluster.kubeconfig} "
+                "get pods -o wide\n"
+                f"  gpu-scheduler status --kubeconfig {stack.cluster.kubeconfig}\n"
+                f"Component logs: {workdir / 'logs'}. Press Ctrl-C to stop it.",
+                flush=True,
+            )
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+        return 0
+    finally:
+        print("stopping...", flush=True)
+        stack.stop()
+
+
+def _wait_for_capacity(core: Any, nodes: list[DemoNode], timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    waiting = {n.name for n in nodes}
+    while waiting and time.monotonic() < deadline:
+        for name in list(waiting):
+            node = core.read_node(name)
+            allocatable = (node.status.allocatable or {}).get(contract.RESOURCE_GPU)
+            if allocatable and int(allocatable) > 0:
+                waiting.discard(name)
+        time.sleep(0.5)
+    if waiting:
+        raise RuntimeError(f"agents did not publish GPUs for {sorted(waiting)} in {timeout}s")
+
+
+def _wait_pod(core: Any, name: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if core.read_namespaced_pod(name, "default").spec.node_name:
+            return
+        time.sleep(0.2)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--keep", action="store_true", help="leave the cluster running until Ctrl-C"
+    )
+    parser.add_argument(
+        "--workdir", help="where the cluster's files and logs go (default: a temp dir)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpu_scheduler.localcluster import find_binary
+
+    if find_binary() is None:
+        print(
+            "gpu-scheduler demo: no control-plane binary; run `make demo` (it builds one with Go)"
+        )
+        return 2
+    logging.getLogger().setLevel(logging.WARNING)
+    workdir = (
+        Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpu-scheduler-demo-"))
+    )
+    try:
+        return run_demo(workdir, args.keep)
+    finally:
+        if not args.keep and not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
