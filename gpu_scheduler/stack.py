@@ -70,7 +70,9 @@ def webhook_configuration(url: str, ca_bundle: str) -> dict[str, Any]:
     if len(found) != 1:
         raise ControlPlaneError("deploy/webhook/ must hold one MutatingWebhookConfiguration")
     config = copy.deepcopy(found[0])
-    config["metadata"] = {"name": config["metadata"]["name"]}
+    # A name of its own, so that applying deploy/ to the same cluster never merges
+    # a Service clientConfig into this url one.
+    config["metadata"] = {"name": config["metadata"]["name"] + "-local"}
     for hook in config["webhooks"]:
         hook["clientConfig"] = {"url": url, "caBundle": ca_bundle}
     return config
