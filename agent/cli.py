@@ -1,0 +1,162 @@
+"""``gpu-scheduler agent``: publish this node's GPUs as labels and capacity."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME"),
+        help="the Node to label (default: $NODE_NAME, from the downward API in a pod)",
+    )
+    parser.add_argument(
+        "--interval", default="60s", help="how often to read the GPUs and compare (default 60s)"
+    )
+    parser.add_argument(
+        "--heartbeat-interval",
+        default="5m",
+        help="refresh the gpu-scheduler.io/agent-heartbeat annotation this often "
+        "(default 5m; keep it well below the extender's heartbeatWindow, default 15m)",
+    )
+    parser.add_argument(
+        "--once", action="store_true", help="one round, then exit (non-zero on any failure)"
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="make no API call: print the labels, annotations and capacity as JSON on stdout",
+    )
+    parser.add_argument(
+        "--fake-gpus",
+        metavar="FILE",
+        help="read the GPUs from this YAML file instead of NVML (tests and the demo)",
+    )
+    parser.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then ~/.kube)")
+    parser.add_argument(
+        "--capacity",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="advertise status.capacity nvidia.com/gpu (default); --no-capacity leaves "
+        "it to the NVIDIA device plugin",
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address for --port (default 0.0.0.0)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=8090,
+        help="port for /healthz, /readyz, /metrics (default 8090; 0: no server)",
+    )
+    parser.add_argument(
+        "--request-timeout", default="10s", help="timeout of one API call (default 10s)"
+    )
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"gpu-scheduler agent: {message}", file=sys.stderr)
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpu_scheduler.durations import parse_duration
+
+    try:
+        interval = parse_duration(args.interval)
+        heartbeat = parse_duration(args.heartbeat_interval)
+        timeout = parse_duration(args.request_timeout)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if interval <= 0 or heartbeat <= 0 or timeout <= 0:
+        return _fail("--interval, --heartbeat-interval and --request-timeout must be > 0")
+    if not args.dry_run and not args.node_name:
+        return _fail("--node-name (or $NODE_NAME) is required unless --dry-run")
+
+    import logging
+    import signal
+    import threading
+
+    from agent.inventory import Backend, FakeBackend, InventoryError, NvmlBackend
+    from agent.kubeapi import ApiError, KubeNodeApi
+    from agent.loop import Agent, AgentConfig
+
+    log = logging.getLogger("gpu_scheduler.agent")
+    if heartbeat < interval:
+        log.warning(
+            "--heartbeat-interval is shorter than --interval; the heartbeat is refreshed "
+            "at most once per interval",
+            extra={"interval_s": interval, "heartbeat_interval_s": heartbeat},
+        )
+    backend: Backend = FakeBackend(args.fake_gpus) if args.fake_gpus else NvmlBackend()
+    config = AgentConfig(
+        node_name=args.node_name or "",
+        interval_s=interval,
+        heartbeat_interval_s=heartbeat,
+        manage_capacity=args.capacity,
+    )
+    stop = threading.Event()
+
+    if args.once:
+        agent = Agent(config, backend, None, stop=stop)
+        try:
+            inventory = agent.read_inventory()
+        except InventoryError as exc:
+            return _fail(f"cannot read the GPUs: {exc}", 1)
+        if args.dry_run:
+            import json
+
+            print(json.dumps(agent.desired(inventory).as_json(), indent=2), flush=True)
+            return 0
+        from kubernetes.config import ConfigException
+
+        try:
+            agent.api = KubeNodeApi.from_kubeconfig(args.kubeconfig, timeout)
+            agent.sync_once(inventory)
+        except ConfigException as exc:
+            return _fail(f"no Kubernetes configuration: {exc}", 1)
+        except ApiError as exc:
+            return _fail(f"node {args.node_name}: {exc}", 1)
+        return 0
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal received; finishing the write in flight", extra={"signal": signum})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    api = None
+    if not args.dry_run:
+        from kubernetes.config import ConfigException
+
+        try:
+            api = KubeNodeApi.from_kubeconfig(args.kubeconfig, timeout)
+        except ConfigException as exc:
+            return _fail(f"no Kubernetes configuration: {exc}", 1)
+    agent = Agent(config, backend, api, stop=stop)
+    server = None
+    if args.port:
+        from agent.server import start_ops_server
+
+        server = start_ops_server(args.host, args.port, agent.ready)
+    log.info(
+        "agent started",
+        extra={
+            "node": args.node_name,
+            "backend": "fake:" + args.fake_gpus if args.fake_gpus else "nvml",
+            "interval_s": interval,
+            "heartbeat_interval_s": heartbeat,
+            "capacity": args.capacity,
+            "dry_run": args.dry_run,
+            "port": args.port,
+        },
+    )
+    try:
+        if args.dry_run:
+            return agent.run_dry(sys.stdout, once=False)
+        return agent.run_forever()
+    finally:
+        if server is not None:
+            server.shutdown()

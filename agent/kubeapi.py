@@ -1,0 +1,121 @@
+"""The agent's three API calls, behind a small interface the loop (and tests) use.
+
+The kubernetes client (v29+, checked against v37) picks a patch's Content-Type by
+itself: ``application/json-patch+json`` for a list body and *strategic merge* for a
+dict body. We want a JSON merge patch for metadata and a JSON patch for status, so
+each call names its Content-Type explicitly (``_content_type``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from agent.sync import NodeState
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+FIELD_MANAGER = "gpu-scheduler-agent"
+
+
+class ApiError(Exception):
+    """An API call that failed. ``status`` is the HTTP code (None: no answer at all:
+    connection refused, timeout). ``retry_after`` in seconds when the server said."""
+
+    def __init__(self, message: str, status: int | None = None, retry_after: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+    @property
+    def conflict(self) -> bool:
+        """409 (resourceVersion precondition) or 422 from a failed JSON-patch ``test``:
+        someone changed the Node since we read it. Re-read and re-plan."""
+        return self.status in (409, 422)
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying later: no answer, 429, 5xx."""
+        return self.status is None or self.status == 429 or self.status >= 500
+
+
+class NodeApi(Protocol):
+    def get_node(self, name: str) -> NodeState: ...
+
+    def patch_metadata(self, name: str, patch: dict[str, Any]) -> None: ...
+
+    def patch_status(self, name: str, ops: list[dict[str, Any]]) -> None: ...
+
+
+class KubeNodeApi:
+    """:class:`NodeApi` over ``kubernetes.client.CoreV1Api``."""
+
+    def __init__(self, core: Any, timeout_s: float = 10.0) -> None:
+        self.core = core
+        self.timeout = timeout_s
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: str | None, timeout_s: float = 10.0) -> KubeNodeApi:
+        from gpu_scheduler.kube import core_api
+
+        return cls(core_api(kubeconfig), timeout_s)
+
+    def get_node(self, name: str) -> NodeState:
+        node = self._call("read node", self.core.read_node, name)
+        serialize = self.core.api_client.sanitize_for_serialization
+        return NodeState.from_json(serialize(node))
+
+    def patch_metadata(self, name: str, patch: dict[str, Any]) -> None:
+        self._call(
+            "patch node",
+            self.core.patch_node,
+            name,
+            patch,
+            field_manager=FIELD_MANAGER,
+            _content_type=MERGE_PATCH,
+        )
+
+    def patch_status(self, name: str, ops: list[dict[str, Any]]) -> None:
+        self._call(
+            "patch node status",
+            self.core.patch_node_status,
+            name,
+            ops,
+            field_manager=FIELD_MANAGER,
+            _content_type=JSON_PATCH,
+        )
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return fn(*args, _request_timeout=self.timeout, **kwargs)
+        except ApiException as exc:
+            raise ApiError(
+                f"{what}: HTTP {exc.status} {exc.reason}: {_message(exc.body)}",
+                status=exc.status,
+                retry_after=_retry_after(exc.headers),
+            ) from exc
+        except (HTTPError, OSError) as exc:
+            raise ApiError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+def _message(body: Any) -> str:
+    import json
+
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    try:
+        return str(json.loads(body).get("message", body))
+    except (TypeError, ValueError, AttributeError):
+        return str(body)[:500]
+
+
+def _retry_after(headers: Any) -> float | None:
+    if not headers:
+        return None
+    try:
+        value = headers.get("Retry-After")
+        return float(value) if value is not None else None
+    except (TypeError, ValueError, AttributeError):
+        return None

@@ -1,0 +1,178 @@
+"""Inventory → node labels, annotations and capacity. Pure: no I/O, no clock.
+
+Label names and units are GPU Feature Discovery's (see :mod:`gpu_scheduler.contract`).
+
+Mixed GPU models on one node. GFD assumes a node's GPUs are all one model. We do not:
+the descriptive labels describe the node's *least* GPU, so that they never promise
+more than every GPU delivers, whichever GPU the device plugin hands a pod:
+
+- ``gpu.memory`` is the smallest total memory of any GPU;
+- ``gpu.compute.major|minor`` and ``gpu.family`` are the lowest compute capability
+  of any GPU;
+- ``gpu.product`` is the model of the GPU with the least memory (ties: the lower
+  compute capability, then the most common model, then the name), so a pod asking
+  for the bigger model is not sent to a node that may give it the smaller one;
+- ``gpu.count`` counts every GPU; ``mig.capable`` is true if any GPU is.
+
+The full truth per GPU is in the ``gpu-scheduler.io/gpus`` annotation (JSON).
+
+Capacity ``nvidia.com/gpu`` counts the GPUs a pod can be given as a whole GPU: healthy
+and not in MIG mode (a MIG-enabled GPU runs work only in its MIG instances, which the
+NVIDIA device plugin advertises under their own resource names).
+
+A node without GPUs (NVML answered, and found none): ``nvidia.com/gpu.present=false``,
+every other label the agent owns removed, capacity ``0``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from agent.inventory import DRIVER_VERSION, MAJOR_MINOR, Gpu, Inventory
+from gpu_scheduler import contract
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_INVALID = re.compile(r"[^-A-Za-z0-9_.]")
+MAX_LABEL_VALUE = 63
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    """What the node should carry. ``annotations`` excludes the heartbeat, which the
+    sync adds when it writes; ``capacity`` maps a resource name to a quantity."""
+
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    capacity: dict[str, str]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "labels": dict(sorted(self.labels.items())),
+            "annotations": dict(sorted(self.annotations.items())),
+            "capacity": dict(sorted(self.capacity.items())),
+        }
+
+
+def family(major: int, minor: int) -> str:
+    """The architecture family of a compute capability, as GFD names it."""
+    if major == 7:
+        return "volta" if minor < 5 else "turing"
+    if major == 8:
+        return "ada-lovelace" if minor >= 9 else "ampere"
+    if 10 <= major <= 12:
+        return "blackwell"
+    return {
+        1: "tesla",
+        2: "fermi",
+        3: "kepler",
+        5: "maxwell",
+        6: "pascal",
+        9: "hopper",
+    }.get(major, "undefined")
+
+
+def label_value(text: str) -> str:
+    """``text`` as a valid label value: at most 63 characters of ``[A-Za-z0-9._-]``,
+    starting and ending alphanumeric. Whitespace runs become ``-`` (as GFD writes
+    products), other characters outside the set become ``_``."""
+    value = _INVALID.sub("_", contract.product_label_value(text))
+    value = value[:MAX_LABEL_VALUE]
+    value = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+    return value
+
+
+def is_label_value(value: str) -> bool:
+    return len(value) <= MAX_LABEL_VALUE and bool(_LABEL_VALUE.match(value))
+
+
+def allocatable_gpus(inventory: Inventory) -> int:
+    """GPUs a pod can be given whole: healthy and not in MIG mode."""
+    return sum(1 for g in inventory.gpus if g.healthy and not g.mig_enabled)
+
+
+def least_gpu(gpus: tuple[Gpu, ...]) -> Gpu:
+    """The GPU whose model the product label names (see the module's rule)."""
+    known = [g for g in gpus if g.memory_mib > 0] or list(gpus)
+    models = Counter(g.name for g in known)
+    return min(
+        known,
+        key=lambda g: (g.memory_mib, g.compute or (999, 0), -models[g.name], g.name),
+    )
+
+
+def desired_state(inventory: Inventory, *, manage_capacity: bool = True) -> Desired:
+    gpus = inventory.gpus
+    capacity = {contract.RESOURCE_GPU: str(allocatable_gpus(inventory))} if manage_capacity else {}
+    annotations = {contract.ANN_GPUS: gpus_annotation(inventory)}
+    if not gpus:
+        return Desired({contract.LABEL_GPU_PRESENT: "false"}, annotations, capacity)
+
+    labels: dict[str, str] = {
+        contract.LABEL_GPU_PRESENT: "true",
+        contract.LABEL_GPU_COUNT: str(len(gpus)),
+        contract.LABEL_MIG_CAPABLE: "true" if any(g.mig_capable for g in gpus) else "false",
+    }
+    product = label_value(least_gpu(gpus).name)
+    if product and product != "unknown":
+        labels[contract.LABEL_GPU_PRODUCT] = product
+    memories = [g.memory_mib for g in gpus if g.memory_mib > 0]
+    if memories:
+        labels[contract.LABEL_GPU_MEMORY] = str(min(memories))
+    computes = [c for c in (g.compute for g in gpus) if c is not None and c[0] > 0]
+    if computes:
+        major, minor = min(computes)
+        labels[contract.LABEL_GPU_FAMILY] = family(major, minor)
+        labels[contract.LABEL_GPU_COMPUTE_MAJOR] = str(major)
+        labels[contract.LABEL_GPU_COMPUTE_MINOR] = str(minor)
+    labels.update(version_labels(inventory))
+    return Desired({k: v for k, v in labels.items() if is_label_value(v)}, annotations, capacity)
+
+
+def version_labels(inventory: Inventory) -> dict[str, str]:
+    """Driver (``550.54.15``) and CUDA driver API (``12.4``) version labels."""
+    labels: dict[str, str] = {}
+    if DRIVER_VERSION.match(inventory.driver_version):
+        parts = inventory.driver_version.split(".")
+        labels[contract.LABEL_DRIVER_MAJOR] = parts[0]
+        labels[contract.LABEL_DRIVER_MINOR] = parts[1]
+        if len(parts) > 2:
+            labels[contract.LABEL_DRIVER_REVISION] = parts[2]
+    cuda = MAJOR_MINOR.match(inventory.cuda_driver_version)
+    if cuda:
+        labels[contract.LABEL_RUNTIME_MAJOR] = cuda.group(1)
+        labels[contract.LABEL_RUNTIME_MINOR] = cuda.group(2)
+    return labels
+
+
+def gpus_annotation(inventory: Inventory) -> str:
+    """Per-GPU detail, compact JSON ordered by index (stable, so unchanged GPUs give an
+    unchanged annotation and no write)."""
+    return json.dumps(
+        [_gpu_json(g) for g in sorted(inventory.gpus, key=lambda g: g.index)],
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+
+
+def _gpu_json(gpu: Gpu) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "name": gpu.name,
+        "memoryMiB": gpu.memory_mib,
+        "computeCapability": gpu.compute_capability,
+        "migCapable": gpu.mig_capable,
+        "migEnabled": gpu.mig_enabled,
+        "healthy": gpu.healthy,
+    }
+    if gpu.mig_enabled:
+        out["migDevices"] = [
+            {"uuid": m.uuid, "name": m.name, "memoryMiB": m.memory_mib} for m in gpu.mig_devices
+        ]
+    if not gpu.healthy and gpu.reason:
+        out["reason"] = gpu.reason
+    return out

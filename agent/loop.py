@@ -1,0 +1,220 @@
+"""The agent's loop: read the GPUs, plan, write; back off on failure; stop on SIGTERM.
+
+Decisions are :func:`agent.labels.desired_state` and :func:`agent.sync.plan_sync`;
+this module only sequences the I/O around them. The clock, the sleep (a
+``threading.Event`` that SIGTERM sets) and the jitter are injected for tests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import IO
+
+from agent import metrics
+from agent.inventory import Backend, Inventory, InventoryError
+from agent.kubeapi import ApiError, NodeApi
+from agent.labels import Desired, allocatable_gpus, desired_state
+from agent.sync import Plan, plan_sync
+
+log = logging.getLogger("gpu_scheduler.agent")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    node_name: str
+    interval_s: float = 60.0
+    heartbeat_interval_s: float = 300.0
+    manage_capacity: bool = True
+    backoff_base_s: float = 2.0
+    backoff_max_s: float = 300.0
+    conflict_retries: int = 5
+
+
+def backoff_delay(failures: int, base: float, cap: float, jitter: float = 1.0) -> float:
+    """``base * 2**(failures-1)``, capped, times a jitter factor (0.8..1.2 in use)."""
+    if failures <= 0:
+        return 0.0
+    return min(cap, base * 2 ** min(failures - 1, 30)) * jitter
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        backend: Backend,
+        api: NodeApi | None,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        stop: threading.Event | None = None,
+        jitter: Callable[[], float] = lambda: random.uniform(0.8, 1.2),
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.api = api
+        self.clock = clock
+        self.stop = stop or threading.Event()
+        self.jitter = jitter
+        self._ready = (False, "no sync yet")
+        self._lock = threading.Lock()
+
+    # --- readiness -----------------------------------------------------------------
+    def ready(self) -> tuple[bool, str]:
+        with self._lock:
+            return self._ready
+
+    def _set_ready(self, ok: bool, detail: str) -> None:
+        with self._lock:
+            self._ready = (ok, detail)
+        metrics.READY.set(1 if ok else 0)
+
+    # --- one round -----------------------------------------------------------------
+    def read_inventory(self) -> Inventory:
+        inventory = self.backend.read()
+        metrics.GPUS.labels("present").set(len(inventory.gpus))
+        metrics.GPUS.labels("healthy").set(len(inventory.healthy))
+        metrics.GPUS.labels("allocatable").set(allocatable_gpus(inventory))
+        for gpu in inventory.gpus:
+            if not gpu.healthy:
+                log.warning(
+                    "unhealthy GPU",
+                    extra={
+                        "node": self.config.node_name,
+                        "gpu": gpu.index,
+                        "uuid": gpu.uuid,
+                        "reason": gpu.reason,
+                    },
+                )
+        return inventory
+
+    def desired(self, inventory: Inventory) -> Desired:
+        return desired_state(inventory, manage_capacity=self.config.manage_capacity)
+
+    def sync_once(self, inventory: Inventory | None = None) -> Plan:
+        """Read (unless given) the GPUs and bring the Node in line. Returns the last plan
+        carried out. Raises :class:`InventoryError` or :class:`ApiError`."""
+        if self.api is None:
+            raise RuntimeError("sync_once needs an API (dry-run makes no API call)")
+        started = time.monotonic()
+        if inventory is None:
+            inventory = self.read_inventory()
+        desired = self.desired(inventory)
+        name = self.config.node_name
+        writes: list[str] = []
+        for attempt in range(self.config.conflict_retries + 1):
+            node = self.api.get_node(name)
+            plan = plan_sync(
+                desired,
+                node,
+                self.clock(),
+                self.config.heartbeat_interval_s,
+                manage_capacity=self.config.manage_capacity,
+            )
+            try:
+                # Metadata first: when both change, the labels are right before the
+                # capacity that lets pods in.
+                if plan.metadata_patch is not None:
+                    self.api.patch_metadata(name, plan.metadata_patch)
+                    metrics.WRITES.labels("metadata").inc()
+                    writes.append("metadata")
+                if plan.status_patch is not None:
+                    self.api.patch_status(name, plan.status_patch)
+                    metrics.WRITES.labels("status").inc()
+                    writes.append("status")
+            except ApiError as exc:
+                if not exc.conflict or attempt == self.config.conflict_retries:
+                    raise
+                metrics.CONFLICTS.inc()
+                log.info(
+                    "node changed since read; re-reading",
+                    extra={"node": name, "attempt": attempt + 1, "error": str(exc)},
+                )
+                continue
+            log.info(
+                "sync",
+                extra={
+                    "node": name,
+                    "gpus": len(inventory.gpus),
+                    "healthy": len(inventory.healthy),
+                    "changed": list(plan.changed),
+                    "writes": writes,
+                    "duration_ms": round((time.monotonic() - started) * 1000, 1),
+                },
+            )
+            metrics.SYNCS.labels("written" if writes else "unchanged").inc()
+            return plan
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # --- the long-running mode -----------------------------------------------------
+    def run_forever(self) -> int:
+        """Sync every interval until :attr:`stop` is set; a failed round leaves the
+        Node as it is and is retried with exponential backoff. Returns 0."""
+        failures = 0
+        while not self.stop.is_set():
+            delay = self.config.interval_s
+            try:
+                self.sync_once()
+            except InventoryError as exc:
+                failures += 1
+                delay = self._failed(failures, "inventory_error", f"cannot read the GPUs: {exc}")
+            except ApiError as exc:
+                failures += 1
+                delay = self._failed(failures, "api_error", f"API: {exc}", exc.status)
+                if exc.retry_after:
+                    delay = max(delay, exc.retry_after)
+            else:
+                failures = 0
+                self._set_ready(True, "synced")
+                metrics.LAST_SUCCESS.set(time.time())
+            self.stop.wait(delay)
+        log.info("stopping", extra={"node": self.config.node_name})
+        return 0
+
+    def _failed(self, failures: int, result: str, message: str, status: int | None = None) -> float:
+        cfg = self.config
+        delay = backoff_delay(failures, cfg.backoff_base_s, cfg.backoff_max_s, self.jitter())
+        metrics.SYNCS.labels(result).inc()
+        self._set_ready(False, message)
+        log.error(
+            message,
+            extra={
+                "node": cfg.node_name,
+                "failures": failures,
+                "retry_in_s": round(delay, 1),
+                "status": status,
+                "node_state": "left as it was",
+            },
+        )
+        return delay
+
+    def run_dry(self, out: IO[str], once: bool) -> int:
+        """No API at all: print the desired state as one JSON document per change."""
+        last: str | None = None
+        failures = 0
+        while True:
+            try:
+                document = json.dumps(self.desired(self.read_inventory()).as_json(), indent=2)
+            except InventoryError as exc:
+                if once:
+                    raise
+                failures += 1
+                delay = self._failed(failures, "inventory_error", f"cannot read the GPUs: {exc}")
+            else:
+                failures = 0
+                self._set_ready(True, "inventory read (dry run)")
+                if document != last:
+                    out.write(document + "\n")
+                    out.flush()
+                    last = document
+                delay = self.config.interval_s
+            if once:
+                return 0
+            if self.stop.wait(delay):
+                log.info("stopping", extra={"node": self.config.node_name})
+                return 0

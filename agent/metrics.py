@@ -1,0 +1,30 @@
+"""The agent's Prometheus metrics (names prefixed ``gpu_scheduler_agent_``)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+SYNCS = Counter(
+    "gpu_scheduler_agent_syncs_total",
+    "Sync rounds by result (written, unchanged, inventory_error, api_error)",
+    ["result"],
+)
+WRITES = Counter(
+    "gpu_scheduler_agent_writes_total",
+    "API writes by kind (metadata: labels/annotations merge patch; status: capacity)",
+    ["kind"],
+)
+CONFLICTS = Counter(
+    "gpu_scheduler_agent_conflicts_total",
+    "Writes refused because the Node changed since it was read (re-read and retried)",
+)
+GPUS = Gauge(
+    "gpu_scheduler_agent_gpus",
+    "GPUs in the last inventory: present, healthy, allocatable (healthy, not MIG-enabled)",
+    ["state"],
+)
+READY = Gauge("gpu_scheduler_agent_ready", "1 when the last sync round succeeded")
+LAST_SUCCESS = Gauge(
+    "gpu_scheduler_agent_last_success_timestamp_seconds",
+    "Unix time of the last successful sync round",
+)

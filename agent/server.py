@@ -1,0 +1,29 @@
+"""``/healthz``, ``/readyz`` and ``/metrics`` for the agent, served from a thread."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask
+
+from gpu_scheduler.http import install_ops_endpoints
+
+
+def create_app(ready: Callable[[], tuple[bool, str]]) -> Flask:
+    app = Flask("gpu_scheduler.agent")
+    install_ops_endpoints(app, ready)
+    return app
+
+
+def start_ops_server(host: str, port: int, ready: Callable[[], tuple[bool, str]]) -> Any:
+    """A werkzeug server on a daemon thread; returns it (call ``shutdown()``)."""
+    from werkzeug.serving import make_server
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = make_server(host, port, create_app(ready), threaded=True)
+    thread = threading.Thread(target=server.serve_forever, name="ops-http", daemon=True)
+    thread.start()
+    return server

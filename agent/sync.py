@@ -1,0 +1,166 @@
+"""What to write to the Node, from what it should carry and what it carries now. Pure.
+
+- one JSON merge patch on the Node for labels and annotations: it sets the owned keys
+  that differ, sets ``null`` for owned keys that no longer apply, and names no other
+  key (so labels and annotations of others are never touched). It carries the Node's
+  ``resourceVersion`` as a precondition: a concurrent change answers 409 and the
+  agent re-reads and re-plans;
+- one JSON patch on ``/status`` for ``capacity["nvidia.com/gpu"]`` (``add`` when the key
+  is absent, ``test`` + ``replace`` when present), as Kubernetes' "advertise extended
+  resources for a node" task does;
+- the heartbeat annotation rides on every metadata write, and forces one when the
+  Node's heartbeat is older than the heartbeat interval. In a steady state that is
+  the only write: one per heartbeat interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from agent.labels import Desired
+from gpu_scheduler import contract
+from gpu_scheduler.quantity import QuantityError, parse_quantity
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """The parts of a Node the agent reads."""
+
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    capacity: dict[str, str] | None = None  # None: the Node has no status.capacity at all
+    resource_version: str | None = None
+
+    @classmethod
+    def from_json(cls, node: Mapping[str, Any]) -> NodeState:
+        meta = node.get("metadata") or {}
+        status = node.get("status") or {}
+        capacity = status.get("capacity")
+        return cls(
+            name=str(meta.get("name", "")),
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+            capacity=None if capacity is None else {k: str(v) for k, v in capacity.items()},
+            resource_version=meta.get("resourceVersion"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """At most two writes; both None: nothing to do."""
+
+    metadata_patch: dict[str, Any] | None = None
+    status_patch: list[dict[str, Any]] | None = None
+    changed: tuple[str, ...] = ()  # the keys that differ (for the log line)
+
+    @property
+    def empty(self) -> bool:
+        return self.metadata_patch is None and self.status_patch is None
+
+
+def rfc3339(moment: datetime) -> str:
+    """``2026-11-29T14:00:00Z``: RFC 3339, UTC, whole seconds."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_heartbeat(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        stamp = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return stamp if stamp.tzinfo is not None else None
+
+
+def heartbeat_due(current: str | None, now: datetime, interval_s: float) -> bool:
+    """True when the Node's heartbeat is missing, unreadable, at least ``interval_s``
+    old, or in the future by more than that (a clock that jumped back)."""
+    beat = parse_heartbeat(current)
+    if beat is None:
+        return True
+    age = (now - beat).total_seconds()
+    return age >= interval_s or age < -interval_s
+
+
+def plan_sync(
+    desired: Desired,
+    node: NodeState,
+    now: datetime,
+    heartbeat_interval_s: float,
+    *,
+    manage_capacity: bool = True,
+) -> Plan:
+    changed: list[str] = []
+    labels: dict[str, str | None] = {}
+    for key in contract.AGENT_LABELS:
+        want = desired.labels.get(key)
+        if node.labels.get(key) != want and (want is not None or key in node.labels):
+            labels[key] = want
+            changed.append(key)
+    annotations: dict[str, str | None] = {}
+    for key in contract.AGENT_ANNOTATIONS:
+        if key == contract.ANN_HEARTBEAT:
+            continue
+        want = desired.annotations.get(key)
+        if node.annotations.get(key) != want and (want is not None or key in node.annotations):
+            annotations[key] = want
+            changed.append(key)
+    beat_due = heartbeat_due(
+        node.annotations.get(contract.ANN_HEARTBEAT), now, heartbeat_interval_s
+    )
+    metadata_patch = None
+    if labels or annotations or beat_due:
+        annotations[contract.ANN_HEARTBEAT] = rfc3339(now)
+        meta: dict[str, Any] = {"annotations": annotations}
+        if labels:
+            meta["labels"] = labels
+        if node.resource_version:
+            meta["resourceVersion"] = node.resource_version
+        metadata_patch = {"metadata": meta}
+
+    status_patch = None
+    if manage_capacity:
+        status_patch = capacity_patch(desired.capacity, node.capacity)
+        if status_patch:
+            changed.append(f"capacity/{contract.RESOURCE_GPU}")
+    return Plan(metadata_patch, status_patch or None, tuple(changed))
+
+
+def capacity_patch(
+    desired: Mapping[str, str], current: Mapping[str, str] | None
+) -> list[dict[str, Any]] | None:
+    """JSON patch ops bringing ``status.capacity`` to ``desired``, or None if equal."""
+    want = desired.get(contract.RESOURCE_GPU)
+    if want is None:
+        return None
+    if current is None:
+        return [{"op": "add", "path": "/status/capacity", "value": {contract.RESOURCE_GPU: want}}]
+    path = "/status/capacity/" + _pointer(contract.RESOURCE_GPU)
+    have = current.get(contract.RESOURCE_GPU)
+    if have is None:
+        return [{"op": "add", "path": path, "value": want}]
+    if _same_quantity(have, want):
+        return None
+    # test first: if another writer changed it since we read, the patch fails (422)
+    # and the agent re-reads instead of overwriting blind.
+    return [
+        {"op": "test", "path": path, "value": have},
+        {"op": "replace", "path": path, "value": want},
+    ]
+
+
+def _pointer(key: str) -> str:
+    """A key as a JSON-pointer segment (RFC 6901): ``nvidia.com/gpu`` → ``nvidia.com~1gpu``."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _same_quantity(a: str, b: str) -> bool:
+    try:
+        return parse_quantity(a) == parse_quantity(b)
+    except QuantityError:
+        return a == b

@@ -1,0 +1,93 @@
+"""deploy/agent: the DaemonSet and its RBAC agree with the contract and the CLI."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_scheduler import contract
+from gpu_scheduler.cli import build_parser
+from tests.helpers import ROOT
+
+AGENT = ROOT / "deploy" / "agent"
+
+
+def docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((AGENT / name).read_text()) if d]
+
+
+def daemonset() -> dict[str, Any]:
+    (ds,) = [d for d in docs("daemonset.yaml") if d["kind"] == "DaemonSet"]
+    return ds
+
+
+def test_only_on_gpu_nodes_any_common_label() -> None:
+    terms = daemonset()["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    # One expression per term: the terms are ORed.
+    assert all(len(t["matchExpressions"]) == 1 for t in terms)
+    keys = {t["matchExpressions"][0]["key"]: t["matchExpressions"][0] for t in terms}
+    assert set(keys) == {
+        contract.LABEL_NFD_NVIDIA_PCI,
+        contract.LABEL_GPU_PRESENT,
+        contract.LABEL_EKS_ACCELERATOR,
+    }
+    assert keys[contract.LABEL_EKS_ACCELERATOR]["operator"] == "Exists"
+    assert keys[contract.LABEL_GPU_PRESENT]["values"] == ["true"]
+
+
+def test_pod_spec() -> None:
+    ds = daemonset()
+    assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["runtimeClassName"] == "nvidia"
+    assert {"key": contract.RESOURCE_GPU, "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    (container,) = spec["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # The args parse with the real CLI, and the port matches the probes'.
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "agent"
+    assert args.port == container["ports"][0]["containerPort"]
+    assert args.interval == "60s" and args.capacity is True
+
+
+def test_rbac_is_least_privilege() -> None:
+    (role,) = [d for d in docs("rbac.yaml") if d["kind"] == "ClusterRole"]
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+    assert rules == {(("",), ("nodes",)): {"get", "patch"}, (("",), ("nodes/status",)): {"patch"}}
+    (binding,) = [d for d in docs("rbac.yaml") if d["kind"] == "ClusterRoleBinding"]
+    assert (
+        binding["subjects"][0]["name"]
+        == daemonset()["spec"]["template"]["spec"]["serviceAccountName"]
+    )
+
+
+def test_agent_is_in_the_base() -> None:
+    base = yaml.safe_load((ROOT / "deploy" / "kustomization.yaml").read_text())
+    assert "agent" in base["resources"]
+    own = yaml.safe_load((AGENT / "kustomization.yaml").read_text())
+    assert own["namespace"] == "gpu-scheduler"
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+def test_kustomize_builds() -> None:
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(AGENT)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    kinds = [d["kind"] for d in yaml.safe_load_all(out.stdout) if d]
+    assert sorted(kinds) == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
