@@ -1,0 +1,349 @@
+"""The mutation decision and the AdmissionReview wrapper, as pure functions."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from gpu_scheduler.contract import ANN_SKIP_MUTATION, GPU_TOLERATION, RESOURCE_GPU
+from gpu_scheduler.http import BadInput
+from webhook import mutate
+from webhook.admission import parse_review, review
+from webhook.config import ConfigError, WebhookConfig, config_from_mapping, load_config
+from webhook.mutate import covers, decide
+
+CFG = WebhookConfig()
+
+
+def pod(
+    gpus: int | str | None = 1,
+    *,
+    where: str = "limits",
+    init: bool = False,
+    annotations: dict[str, str] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    resources: dict[str, Any] = {"requests": {"cpu": "100m"}}
+    if gpus is not None:
+        resources.setdefault(where, {})[RESOURCE_GPU] = gpus
+    gpu_container = {"name": "gpu", "image": "cuda", "resources": resources}
+    plain = {"name": "app", "image": "busybox"}
+    body: dict[str, Any] = {"containers": [plain]}
+    if init:
+        body["initContainers"] = [gpu_container]
+    else:
+        body["containers"].append(gpu_container)
+    body.update(spec)
+    meta: dict[str, Any] = {"name": "p", "namespace": "ns"}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": body}
+
+
+def patched(p: dict[str, Any], cfg: WebhookConfig = CFG) -> dict[str, Any]:
+    d = decide(p, cfg)
+    return jsonpatch.apply_patch(p, d.patch) if d.patch else copy.deepcopy(p)
+
+
+# --- decide ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["requests", "limits"])
+@pytest.mark.parametrize("init", [False, True])
+def test_gpu_pod_gets_scheduler_and_toleration(where: str, init: bool) -> None:
+    p = pod(2, where=where, init=init)
+    d = decide(p, CFG)
+    assert d.outcome == mutate.MUTATED and d.gpus == 2
+    assert d.changes == ("schedulerName", "tolerations")
+    assert d.patch == [
+        {"op": "add", "path": "/spec/schedulerName", "value": "gpu-scheduler"},
+        {"op": "add", "path": "/spec/tolerations", "value": [GPU_TOLERATION]},
+    ]
+    assert len(d.warnings) == 2 and all(w.startswith("gpu-scheduler: ") for w in d.warnings)
+    out = patched(p)
+    assert out["spec"]["schedulerName"] == "gpu-scheduler"
+    assert out["spec"]["tolerations"] == [GPU_TOLERATION]
+    assert decide(out, CFG).patch == []  # idempotent
+
+
+@pytest.mark.parametrize("current", ["", "default-scheduler", None])
+def test_empty_or_default_scheduler_is_replaced(current: str | None) -> None:
+    p = pod(schedulerName=current)
+    d = decide(p, CFG)
+    assert d.patch[0] == {"op": "replace", "path": "/spec/schedulerName", "value": "gpu-scheduler"}
+    assert patched(p)["spec"]["schedulerName"] == "gpu-scheduler"
+
+
+def test_other_scheduler_is_kept_but_toleration_still_added() -> None:
+    p = pod(schedulerName="volcano")
+    d = decide(p, CFG)
+    assert d.changes == ("tolerations",) and d.scheduler == "volcano"
+    assert [op["path"] for op in d.patch] == ["/spec/tolerations"]
+    assert patched(p)["spec"]["schedulerName"] == "volcano"
+
+
+def test_configured_scheduler_name() -> None:
+    cfg = WebhookConfig(scheduler_name="gpu-binpack")
+    assert patched(pod(), cfg)["spec"]["schedulerName"] == "gpu-binpack"
+    # Already on the configured profile: only the toleration is added.
+    assert decide(pod(schedulerName="gpu-binpack"), cfg).changes == ("tolerations",)
+
+
+def test_tolerations_null_is_replaced_with_a_list() -> None:
+    p = pod(tolerations=None)
+    d = decide(p, CFG)
+    assert {"op": "replace", "path": "/spec/tolerations", "value": [GPU_TOLERATION]} in d.patch
+    assert patched(p)["spec"]["tolerations"] == [GPU_TOLERATION]
+
+
+def test_existing_list_is_appended_to() -> None:
+    other = {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+    p = pod(tolerations=[other])
+    d = decide(p, CFG)
+    assert {"op": "add", "path": "/spec/tolerations/-", "value": GPU_TOLERATION} in d.patch
+    assert patched(p)["spec"]["tolerations"] == [other, GPU_TOLERATION]
+    assert patched(pod(tolerations=[]))["spec"]["tolerations"] == [GPU_TOLERATION]
+
+
+@pytest.mark.parametrize(
+    "existing",
+    [
+        {"operator": "Exists"},  # key-less Exists: every taint
+        {"key": "", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": RESOURCE_GPU, "operator": "Exists"},  # every effect
+        {"key": RESOURCE_GPU, "operator": "Exists", "effect": "NoSchedule"},
+    ],
+)
+def test_covering_toleration_means_no_toleration_added(existing: dict[str, Any]) -> None:
+    d = decide(pod(tolerations=[existing]), CFG)
+    assert d.changes == ("schedulerName",)
+
+
+@pytest.mark.parametrize(
+    "existing",
+    [
+        # Equal tolerates one value only; the GPU taint's value is unknown.
+        {"key": RESOURCE_GPU, "operator": "Equal", "value": "present", "effect": "NoSchedule"},
+        {"key": RESOURCE_GPU, "value": "", "effect": "NoSchedule"},  # operator "" = Equal
+        {"key": RESOURCE_GPU, "operator": "Exists", "effect": "NoExecute"},
+        {"key": RESOURCE_GPU, "operator": "Exists", "effect": "PreferNoSchedule"},
+        {"operator": "Exists", "effect": "NoExecute"},
+        {"key": "nvidia.com/mig", "operator": "Exists"},
+        {"key": RESOURCE_GPU, "operator": 3},  # malformed: covers nothing
+    ],
+)
+def test_non_covering_toleration_means_ours_is_appended(existing: dict[str, Any]) -> None:
+    d = decide(pod(tolerations=[existing]), CFG)
+    assert {"op": "add", "path": "/spec/tolerations/-", "value": GPU_TOLERATION} in d.patch
+
+
+def test_covers_with_toleration_seconds() -> None:
+    wanted = {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}
+    assert covers({"key": "k", "operator": "Exists", "effect": "NoExecute"}, wanted)
+    longer = {**wanted, "tolerationSeconds": 300}
+    assert covers(longer, wanted) and not covers(wanted, longer)
+    forever = {"key": "k", "operator": "Exists", "effect": "NoExecute"}
+    assert not covers(wanted, forever)
+
+
+def test_covers_equal_matches_same_value_only() -> None:
+    a = {"key": "k", "operator": "Equal", "value": "v", "effect": "NoSchedule"}
+    assert covers(a, a)
+    assert not covers(a, {**a, "value": "w"})
+    assert not covers(a, {"key": "k", "operator": "Exists", "effect": "NoSchedule"})
+
+
+def test_extra_tolerations_added_once_and_idempotent() -> None:
+    extra = {"key": "example.com/pool", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
+    covered = {"key": RESOURCE_GPU, "operator": "Exists", "effect": "NoSchedule"}
+    cfg = WebhookConfig(extra_tolerations=(extra, covered))  # the second adds nothing
+    out = patched(pod(tolerations=None), cfg)
+    assert out["spec"]["tolerations"] == [GPU_TOLERATION, extra]
+    assert decide(out, cfg).patch == []
+
+
+@pytest.mark.parametrize("gpus", [None, "0", 0])
+def test_no_gpu_pod_is_left_alone(gpus: Any) -> None:
+    d = decide(pod(gpus), CFG)
+    assert d.outcome == mutate.NO_GPU and d.patch == [] and d.warnings == []
+
+
+def test_opt_out_annotation() -> None:
+    d = decide(pod(annotations={ANN_SKIP_MUTATION: "true"}), CFG)
+    assert d.outcome == mutate.OPTED_OUT and d.patch == [] and d.warnings == []
+    # Only the exact value "true" opts out (as the webhook's matchCondition checks).
+    assert decide(pod(annotations={ANN_SKIP_MUTATION: "false"}), CFG).outcome == "mutated"
+    assert decide(pod(annotations={ANN_SKIP_MUTATION: "yes"}), CFG).outcome == "mutated"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pod("one"),  # not a quantity
+        pod("500m"),  # fractional GPU
+        pod(schedulerName=7),
+        pod(tolerations={"key": "x"}),
+        {"metadata": [], "spec": {}},
+        {"metadata": {"annotations": "x"}, "spec": {}},
+        {"metadata": {}, "spec": "nope"},
+        {"metadata": {}, "spec": {"containers": {"a": 1}}},
+        {"metadata": {}, "spec": {"containers": [{"resources": ["x"]}]}},
+        "a string",
+        None,
+    ],
+)
+def test_uninterpretable_object_is_allowed_with_warning(bad: Any) -> None:
+    d = decide(bad, CFG)
+    assert d.outcome == mutate.UNINTERPRETABLE and d.patch == []
+    assert len(d.warnings) == 1 and d.warnings[0].startswith("gpu-scheduler: pod left unchanged")
+    assert len(d.warnings[0]) <= mutate.MAX_WARNING
+
+
+# --- AdmissionReview -----------------------------------------------------------------
+
+
+def review_body(obj: Any, **request: Any) -> dict[str, Any]:
+    req = {
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+        "name": "",
+        "namespace": "ns",
+        "operation": "CREATE",
+        "userInfo": {"username": "admin", "groups": ["system:authenticated"]},
+        "object": obj,
+        "oldObject": None,
+        "dryRun": False,
+        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+    }
+    req.update(request)
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}
+
+
+def test_review_response_shape() -> None:
+    body, req, decision = review(review_body(pod()), CFG)
+    assert set(body) == {"apiVersion", "kind", "response"}
+    assert body["apiVersion"] == "admission.k8s.io/v1" and body["kind"] == "AdmissionReview"
+    resp = body["response"]
+    assert resp["uid"] == req.uid and resp["allowed"] is True
+    assert resp["patchType"] == "JSONPatch"
+    assert json.loads(base64.b64decode(resp["patch"])) == decision.patch
+    assert resp["warnings"] == decision.warnings
+    assert req.pod_key == "ns/p"
+
+
+def test_dry_run_behaves_the_same() -> None:
+    wet, _, _ = review(review_body(pod()), CFG)
+    dry, req, _ = review(review_body(pod(), dryRun=True), CFG)
+    assert req.dry_run and dry == wet
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"operation": "UPDATE"},
+        {"operation": "DELETE", "object": None},
+        {"kind": {"group": "", "version": "v1", "kind": "Service"}},
+        {"kind": {"group": "example.com", "version": "v1", "kind": "Pod"}},
+        {"subResource": "binding"},
+    ],
+)
+def test_other_operations_and_kinds_pass_without_patch(change: dict[str, Any]) -> None:
+    body, _, decision = review(review_body(pod(), **change), CFG)
+    assert decision.outcome == mutate.IGNORED
+    assert body["response"] == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
+
+
+def test_uninterpretable_review_is_allowed_with_warning() -> None:
+    body, _, _ = review(review_body(pod("lots")), CFG)
+    resp = body["response"]
+    assert resp["allowed"] is True and "patch" not in resp and "patchType" not in resp
+    assert "nvidia.com/gpu" in resp["warnings"][0]
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ([], "AdmissionReview JSON object"),
+        ({"kind": "AdmissionReview", "request": {"uid": "x"}}, "apiVersion"),
+        (
+            {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"},
+            "apiVersion",
+        ),
+        ({"apiVersion": "admission.k8s.io/v1", "kind": "Pod"}, "kind must be"),
+        ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}, "request"),
+        (
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {}},
+            "uid",
+        ),
+        (
+            {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {"uid": 5},
+            },
+            "uid",
+        ),
+    ],
+)
+def test_bad_reviews_raise_bad_input(body: Any, reason: str) -> None:
+    with pytest.raises(BadInput, match=reason):
+        parse_review(body)
+
+
+def test_pod_key_uses_generate_name() -> None:
+    obj = {"metadata": {"generateName": "train-"}, "spec": {}}
+    _, req, _ = review(review_body(obj), CFG)
+    assert req.pod_key == "ns/train-*"
+
+
+# --- config --------------------------------------------------------------------------
+
+
+def test_config_from_yaml(tmp_path) -> None:
+    path = tmp_path / "webhook.yaml"
+    path.write_text(
+        "schedulerName: gpu-binpack\n"
+        "extraTolerations:\n"
+        "  - {key: example.com/pool, operator: Exists, effect: NoSchedule}\n"
+        "maxBodyBytes: 1048576\n"
+    )
+    cfg = load_config(str(path))
+    assert cfg.scheduler_name == "gpu-binpack" and cfg.max_body_bytes == 1 << 20
+    assert cfg.tolerations[1] == {
+        "key": "example.com/pool",
+        "operator": "Exists",
+        "effect": "NoSchedule",
+    }
+    assert load_config(None) == WebhookConfig()
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        ({"schedulerName": "default-scheduler"}, "must not be"),
+        ({"schedulerName": "Not_A_Name"}, "DNS subdomain"),
+        ({"schedulerName": 3}, "DNS subdomain"),
+        ({"unknown": 1}, "unknown config keys"),
+        ({"maxBodyBytes": 10}, "maxBodyBytes"),
+        ({"extraTolerations": {"key": "x"}}, "must be a list"),
+        ({"extraTolerations": [{"operator": "Equal"}]}, "empty key needs operator Exists"),
+        ({"extraTolerations": [{"key": "a", "operator": "In"}]}, "operator"),
+        ({"extraTolerations": [{"key": "a", "operator": "Exists", "value": "v"}]}, "no value"),
+        ({"extraTolerations": [{"key": "a", "effect": "Sometimes"}]}, "effect"),
+        ({"extraTolerations": [{"key": "a", "tolerationSeconds": 5}]}, "NoExecute"),
+        ({"extraTolerations": [{"key": "bad key!"}]}, "qualified name"),
+        ({"extraTolerations": [{"key": "a", "colour": "red"}]}, "unknown fields"),
+        ({"extraTolerations": ["x"]}, "mapping"),
+    ],
+)
+def test_config_errors(data: dict[str, Any], reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason):
+        config_from_mapping(data)

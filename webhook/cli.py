@@ -1,0 +1,71 @@
+"""``gpu-scheduler webhook``: serve the mutating admission webhook under gunicorn, over TLS."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=8443, help="port (default 8443)")
+    parser.add_argument(
+        "--cert-dir",
+        required=True,
+        metavar="DIR",
+        help="directory with tls.crt and tls.key (a mounted kubernetes.io/tls Secret)",
+    )
+    parser.add_argument("--config", help="YAML file: schedulerName, extraTolerations, ...")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (default 2)")
+    parser.add_argument("--threads", type=int, default=4, help="threads per worker (default 4)")
+    parser.add_argument(
+        "--cert-reload-interval",
+        default="10s",
+        metavar="DURATION",
+        help="how often a connection may check tls.crt/tls.key for a change (default 10s)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpu_scheduler.durations import parse_duration
+    from gpu_scheduler.serving import metrics_dir_for, serve
+
+    if args.workers < 1 or args.threads < 1:
+        print("gpu-scheduler webhook: --workers and --threads must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        interval = parse_duration(args.cert_reload_interval)
+    except ValueError as exc:
+        print(f"gpu-scheduler webhook: --cert-reload-interval: {exc}", file=sys.stderr)
+        return 2
+    metrics_dir_for(args.workers)
+    from webhook.app import create_app
+    from webhook.config import ConfigError, load_config
+    from webhook.tls import CertReloader, check_pair
+
+    try:
+        cfg = load_config(args.config)
+    except (ConfigError, OSError) as exc:
+        print(f"gpu-scheduler webhook: {exc}", file=sys.stderr)
+        return 2
+    reloader = CertReloader(args.cert_dir, interval)
+    # Fail fast on missing or broken key material; each worker loads its own context.
+    problem = check_pair(args.cert_dir)
+    if problem:
+        print(f"gpu-scheduler webhook: {problem}", file=sys.stderr)
+        return 2
+
+    def factory():  # type: ignore[no-untyped-def]
+        return create_app(cfg, ready=reloader.ready)
+
+    serve(
+        factory,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        threads=args.threads,
+        certfile=reloader.cert_file,
+        keyfile=reloader.key_file,
+        ssl_context=reloader.hook(),
+    )
+    return 0

@@ -1,0 +1,138 @@
+"""The webhook's YAML configuration.
+
+```yaml
+schedulerName: gpu-scheduler      # the profile GPU pods are sent to
+extraTolerations:                 # added to every GPU pod, beside the nvidia.com/gpu one
+  - {key: example.com/gpu-pool, operator: Exists, effect: NoSchedule}
+maxBodyBytes: 8388608             # request body limit
+```
+
+Extra tolerations are validated as the API server validates a pod's tolerations: a
+toleration that the API server would refuse would make every GPU pod fail creation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from gpu_scheduler.contract import DEFAULT_SCHEDULER, GPU_TOLERATION, SCHEDULER_NAME
+
+EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+OPERATORS = ("Exists", "Equal")
+MIN_BODY_BYTES = 64 << 10
+_TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_KEYS = {"schedulerName", "extraTolerations", "maxBodyBytes"}
+
+Toleration = Mapping[str, Any]
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    scheduler_name: str = SCHEDULER_NAME
+    extra_tolerations: tuple[Toleration, ...] = ()
+    max_body_bytes: int = 8 << 20
+
+    def __post_init__(self) -> None:
+        name = self.scheduler_name
+        if not isinstance(name, str) or len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+            raise ConfigError(f"schedulerName must be a DNS subdomain, got {name!r}")
+        if name == DEFAULT_SCHEDULER:
+            raise ConfigError(f"schedulerName must not be {DEFAULT_SCHEDULER!r}")
+        for i, toleration in enumerate(self.extra_tolerations):
+            problem = toleration_problem(toleration)
+            if problem:
+                raise ConfigError(f"extraTolerations[{i}]: {problem}")
+        if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < MIN_BODY_BYTES:
+            raise ConfigError(f"maxBodyBytes must be an integer >= {MIN_BODY_BYTES}")
+
+    @property
+    def tolerations(self) -> tuple[Toleration, ...]:
+        """Every toleration a GPU pod must carry: the GPU one first, then the extras."""
+        return (GPU_TOLERATION, *self.extra_tolerations)
+
+
+def toleration_problem(t: Any) -> str | None:
+    """What the API server would refuse in this toleration (None when it is valid)."""
+    if not isinstance(t, Mapping):
+        return "must be a mapping"
+    unknown = set(t) - _TOLERATION_KEYS
+    if unknown:
+        return f"unknown fields {sorted(unknown)}"
+    key = t.get("key", "")
+    operator = t.get("operator", "Equal")
+    value = t.get("value", "")
+    effect = t.get("effect", "")
+    seconds = t.get("tolerationSeconds")
+    if not isinstance(key, str) or not isinstance(value, str) or not isinstance(effect, str):
+        return "key, value and effect must be strings"
+    if key and not _qualified_name(key):
+        return f"key {key!r} is not a qualified name"
+    if operator not in OPERATORS:
+        return f"operator must be one of {OPERATORS}"
+    if not key and operator != "Exists":
+        return "an empty key needs operator Exists"
+    if operator == "Exists" and value:
+        return "operator Exists takes no value"
+    if operator == "Equal" and not _LABEL_VALUE.match(value):
+        return f"value {value!r} is not a valid label value"
+    if effect and effect not in EFFECTS:
+        return f"effect must be empty or one of {EFFECTS}"
+    if seconds is not None:
+        if not isinstance(seconds, int) or isinstance(seconds, bool):
+            return "tolerationSeconds must be an integer"
+        if effect != "NoExecute":
+            return "tolerationSeconds needs effect NoExecute"
+    return None
+
+
+def _qualified_name(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return False
+    return 0 < len(name) <= 63 and bool(_NAME_PART.match(name))
+
+
+def config_from_mapping(data: Mapping[str, Any] | None) -> WebhookConfig:
+    data = data or {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("the config must be a YAML mapping")
+    unknown = set(data) - _KEYS
+    if unknown:
+        raise ConfigError(f"unknown config keys {sorted(unknown)}; known: {sorted(_KEYS)}")
+    kwargs: dict[str, Any] = {}
+    if "schedulerName" in data:
+        kwargs["scheduler_name"] = data["schedulerName"]
+    if "extraTolerations" in data:
+        extra = data["extraTolerations"] or []
+        if not isinstance(extra, list):
+            raise ConfigError("extraTolerations must be a list")
+        kwargs["extra_tolerations"] = tuple(dict(t) if isinstance(t, Mapping) else t for t in extra)
+    if "maxBodyBytes" in data:
+        kwargs["max_body_bytes"] = data["maxBodyBytes"]
+    return WebhookConfig(**kwargs)
+
+
+def load_config(path: str | None) -> WebhookConfig:
+    if not path:
+        return WebhookConfig()
+    with open(path, encoding="utf-8") as fh:
+        try:
+            data = yaml.safe_load(fh)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not YAML: {exc}") from exc
+    try:
+        return config_from_mapping(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
