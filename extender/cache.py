@@ -206,8 +206,7 @@ class ClusterCache:
         self._stop.set()
 
     def _reflect(self, kind, func, params, replace, apply) -> None:  # type: ignore[no-untyped-def]
-        from kubernetes import watch
-        from kubernetes.client.exceptions import ApiException
+        from gpu_scheduler.kube import Gone, watch_events
 
         why, backoff = "start", 1.0
         while not self._stop.is_set():
@@ -229,30 +228,14 @@ class ClusterCache:
                 del items
                 backoff = 1.0
                 while not self._stop.is_set():
-                    watcher = watch.Watch()
-                    for event in watcher.stream(
-                        func,
-                        resource_version=version,
-                        allow_watch_bookmarks=True,
-                        timeout_seconds=WATCH_SECONDS,
-                        deserialize=False,
-                        **params,
-                    ):
-                        obj = event["raw_object"]
+                    for event, obj in watch_events(func, version, WATCH_SECONDS, **params):
                         version = (obj.get("metadata") or {}).get("resourceVersion") or version
-                        if event["type"] != "BOOKMARK":
-                            apply(event["type"], obj)
+                        if event != "BOOKMARK":
+                            apply(event, obj)
                         if self._stop.is_set():
-                            watcher.stop()
-            except ApiException as exc:
-                why = "gone" if exc.status == 410 else "error"
-                if exc.status != 410:
-                    log.warning(
-                        "cache watch failed; relisting",
-                        extra={"kind": kind, "status": exc.status, "backoff": backoff},
-                    )
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, 30.0)
+                            return
+            except Gone:
+                why = "gone"
             except Exception as exc:
                 why = "error"
                 log.warning(

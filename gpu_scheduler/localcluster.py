@@ -405,19 +405,17 @@ class KubeletShim:
         return True
 
     def _run(self) -> None:
-        from kubernetes import watch
+        from gpu_scheduler.kube import watch_events
 
         while not self._stop.is_set():
             try:
-                for event in watch.Watch().stream(
-                    self.core.list_node, timeout_seconds=60, deserialize=False
-                ):
-                    if event["type"] in ("ADDED", "MODIFIED"):
-                        self.sync(event["raw_object"])
+                for event, obj in watch_events(self.core.list_node, timeout_seconds=60):
+                    if event in ("ADDED", "MODIFIED"):
+                        self.sync(obj)
                     if self._stop.is_set():
                         return
             except Exception as exc:
-                log.warning("kubelet shim watch failed", extra={"error": repr(exc)})
+                log.warning("kubelet shim watch failed: %r", exc)
                 self._stop.wait(1)
 
 

@@ -40,12 +40,17 @@ NAMESPACE = "gpu-scheduler"
 
 
 def deploy_documents(folder: str) -> list[dict[str, Any]]:
-    """Every YAML document in ``deploy/<folder>/`` (not its kustomization)."""
+    """Every Kubernetes object in ``deploy/<folder>/*.yaml`` (not kustomization or
+    component config files, which have no apiVersion/kind)."""
     docs: list[dict[str, Any]] = []
     for path in sorted((DEPLOY / folder).glob("*.yaml")):
         if path.name == "kustomization.yaml":
             continue
-        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+        docs.extend(
+            d
+            for d in yaml.safe_load_all(path.read_text())
+            if isinstance(d, dict) and "kind" in d and "apiVersion" in d
+        )
     return docs
 
 
