@@ -335,6 +335,10 @@ def _start_core(cluster: LocalCluster, pki: Path, tokens: Path) -> None:
             "--service-account-issuer=https://kubernetes.default.svc",
             "--service-cluster-ip-range=10.96.0.0/16",
             "--allow-privileged=true",
+            # New nodes would be tainted not-ready until a node-lifecycle controller
+            # saw a kubelet's heartbeat; there is no kubelet here, nodes are born Ready.
+            "--disable-admission-plugins=TaintNodesByCondition",
+            f"--client-ca-file={cluster.ca_file}",
             "--enable-priority-and-fairness=false",
             "--profiling=false",
             "-v=1",
