@@ -32,6 +32,8 @@ WATCH_SECONDS = 300
 class StaticView:
     """The view in args mode: no pod cache, so every allocatable GPU counts as free."""
 
+    used: dict[str, int] = {}
+
     def used_gpus(self, node: str) -> int:
         return 0
 
@@ -84,6 +86,10 @@ class ClusterCache:
         self._clock = clock
 
     # --- the view the policies read ----------------------------------------------
+    @property
+    def used(self) -> dict[str, int]:
+        return self._used
+
     def used_gpus(self, node: str) -> int:
         return self._used.get(node, 0)
 

@@ -58,7 +58,7 @@ def parse_args(payload: Any) -> ExtenderArgs:
             names.append(name)
         return ExtenderArgs(pod, items, names)
     if names_field is not None:
-        if not isinstance(names_field, list) or not all(isinstance(n, str) for n in names_field):
+        if not isinstance(names_field, list) or not set(map(type, names_field)) <= {str}:
             raise BadInput("ExtenderArgs.NodeNames must be a list of strings")
         return ExtenderArgs(pod, None, names_field)
     raise BadInput("ExtenderArgs carries neither Nodes nor NodeNames")

@@ -7,11 +7,11 @@ when ``PROMETHEUS_MULTIPROC_DIR`` is set, as :mod:`gpu_scheduler.serving` does).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from flask import Flask, Response, request
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -28,9 +28,7 @@ class BadInput(ValueError):
 
 
 def json_response(payload: Any, status: int = 200) -> Response:
-    return Response(
-        json.dumps(payload, separators=(",", ":")), status=status, mimetype="application/json"
-    )
+    return Response(orjson.dumps(payload), status=status, mimetype="application/json")
 
 
 def json_error(status: int, message: str) -> Response:
@@ -48,8 +46,8 @@ def read_json_body(max_bytes: int) -> Any:
     if not body:
         raise BadInput("empty request body; expected JSON")
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
         raise BadInput(f"request body is not JSON: {exc}") from exc
 
 

@@ -9,6 +9,7 @@ each policy's scores to 0..10 over the candidate nodes before weighting them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -25,6 +26,10 @@ class Failure:
 
 class ClusterView(Protocol):
     """What the policies may ask about pods already running (the cluster cache)."""
+
+    #: GPUs requested by the pods bound to each node (absent: none). A snapshot the
+    #: policies may hold for the length of one request.
+    used: Mapping[str, int]
 
     def used_gpus(self, node: str) -> int: ...
 

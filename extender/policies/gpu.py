@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -22,6 +23,7 @@ class _State:
     min_memory_mib: int | None
     products: frozenset[str] | None
     spread: bool
+    used: Mapping[str, int]
 
 
 class GpuPolicy:
@@ -29,7 +31,9 @@ class GpuPolicy:
     scores: ClassVar[bool] = True
 
     def prepare(self, pod: PodFacts, view: ClusterView) -> _State:
-        return _State(pod.gpus, pod.min_memory_mib, pod.products, pod.placement == "spread")
+        return _State(
+            pod.gpus, pod.min_memory_mib, pod.products, pod.placement == "spread", view.used
+        )
 
     def filter(self, state: _State, node: NodeFacts, view: ClusterView) -> Failure | None:
         want = state.gpus
@@ -59,7 +63,7 @@ class GpuPolicy:
                 )
         if node.allocatable < want:
             return Failure(f"node has {node.allocatable} GPUs in all; pod requests {want}", True)
-        free = node.allocatable - view.used_gpus(node.name)
+        free = node.allocatable - state.used.get(node.name, 0)
         if free < want:
             return Failure(
                 f"{max(free, 0)} of {node.allocatable} GPUs free; pod requests {want}", False
@@ -70,5 +74,5 @@ class GpuPolicy:
         if state.gpus == 0:
             # Keep GPU nodes for GPU work: a CPU pod prefers nodes without GPUs.
             return 0.0 if node.has_gpus else 1.0
-        leftover = node.allocatable - view.used_gpus(node.name) - state.gpus
+        leftover = node.allocatable - state.used.get(node.name, 0) - state.gpus
         return float(leftover) if state.spread else float(-leftover)
