@@ -1,7 +1,8 @@
 """Filter and score: pure functions of the pod, the candidate nodes and the cluster view.
 
-This is the scheduler framework's cycle in small: each policy's ``prepare`` once per
-pod, its ``filter`` per node, its ``score`` per passing node, one min-max
+This is the scheduler framework's cycle in small: each policy's ``pre_filter`` and
+``pre_score`` once per pod, its ``filter`` per node, its ``score`` per passing node,
+one min-max
 normalisation per policy to 0..10 (``MaxExtenderPriority``), and an integer
 weighted mean. kube-scheduler multiplies what we return by weight x 10 and does not
 clamp, so nothing outside 0..10 may ever leave here.
@@ -45,7 +46,7 @@ def filter_nodes(
         return out
     active = []
     for policy in policies:
-        state = policy.prepare(pod, view)
+        state = policy.pre_filter(pod, view)
         if state is not None:
             active.append((policy.filter, state))
     passed, failed, unresolvable = out.passed, out.failed, out.unresolvable
@@ -88,10 +89,10 @@ def score_nodes(
     totals = [0.0] * count
     weight_sum = 0
     for policy in policies:
-        weight = cfg.weight(policy.name) if policy.scores else 0
+        weight = cfg.weight(policy.name)
         if weight == 0:
             continue
-        state = policy.prepare(pod, view)
+        state = policy.pre_score(pod, view)
         if state is None:
             continue
         weight_sum += weight

@@ -40,9 +40,17 @@ def read_json_body(max_bytes: int) -> Any:
     length = request.content_length
     if length is not None and length > max_bytes:
         raise BadInput(f"request body of {length} bytes is over the limit of {max_bytes}")
-    body = request.stream.read(max_bytes + 1)
-    if len(body) > max_bytes:
-        raise BadInput(f"request body is over the limit of {max_bytes} bytes")
+    if length is not None:
+        body = request.stream.read(length)
+    else:
+        # Chunked: read in pieces (a read(limit) would allocate the whole limit).
+        parts, size = [], 0
+        while chunk := request.stream.read(1 << 20):
+            size += len(chunk)
+            if size > max_bytes:
+                raise BadInput(f"request body is over the limit of {max_bytes} bytes")
+            parts.append(chunk)
+        body = b"".join(parts)
     if not body:
         raise BadInput("empty request body; expected JSON")
     try:

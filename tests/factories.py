@@ -74,8 +74,11 @@ def make_pod(
 ) -> dict[str, Any]:
     resources: dict[str, Any] = {"requests": {"cpu": "1", "memory": "1Gi"}}
     if gpus:
-        key = "limits" if use_limits else "requests"
-        resources.setdefault(key, {})[contract.RESOURCE_GPU] = str(gpus)
+        # The API requires a limit for extended resources; a request, when given,
+        # must equal it. use_limits: the limit alone (the request is implied).
+        resources["limits"] = {contract.RESOURCE_GPU: str(gpus)}
+        if not use_limits:
+            resources["requests"][contract.RESOURCE_GPU] = str(gpus)
     spec: dict[str, Any] = {
         "schedulerName": contract.SCHEDULER_NAME,
         "containers": [{"name": "main", "image": "busybox", "resources": resources}],

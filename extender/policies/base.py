@@ -1,10 +1,12 @@
-"""The shape every policy has: the scheduler framework's PreFilter/Filter/Score.
+"""The shape every policy has: the scheduler framework's PreFilter/Filter and
+PreScore/Score.
 
-``prepare`` runs once per pod (PreFilter); it returns the per-pod state the other two
-read, or ``None`` when the policy has nothing to say about this pod (the framework's
-Skip), so the per-node loop never calls it. ``filter`` returns ``None`` or a
-:class:`Failure`; ``score`` returns any float, higher is better; the engine normalises
-each policy's scores to 0..10 over the candidate nodes before weighting them.
+``pre_filter`` and ``pre_score`` run once per pod; each returns the per-pod state its
+per-node step reads, or ``None`` when the policy has nothing to say about this pod
+(the framework's Skip), so the per-node loop never calls it. ``filter`` returns
+``None`` or a :class:`Failure`; ``score`` returns any float, higher is better; the
+engine normalises each policy's scores to 0..10 over the candidate nodes before
+weighting them.
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ class ClusterView(Protocol):
 
 class Policy(Protocol):
     name: ClassVar[str]
-    #: False for filter-only policies: they take no part in the weighted score.
-    scores: ClassVar[bool]
 
-    def prepare(self, pod: PodFacts, view: ClusterView) -> Any | None: ...
+    def pre_filter(self, pod: PodFacts, view: ClusterView) -> Any | None: ...
 
     def filter(self, state: Any, node: NodeFacts, view: ClusterView) -> Failure | None: ...
+
+    def pre_score(self, pod: PodFacts, view: ClusterView) -> Any | None: ...
 
     def score(self, state: Any, node: NodeFacts, view: ClusterView) -> float: ...

@@ -28,17 +28,23 @@ class _State:
 
 class GpuPolicy:
     name: ClassVar[str] = "gpu"
-    scores: ClassVar[bool] = True
 
-    def prepare(self, pod: PodFacts, view: ClusterView) -> _State:
+    def pre_filter(self, pod: PodFacts, view: ClusterView) -> _State | None:
+        if pod.gpus == 0:
+            return None  # a pod without GPUs fits every node as far as GPUs go
+        return self._state(pod, view)
+
+    def pre_score(self, pod: PodFacts, view: ClusterView) -> _State:
+        return self._state(pod, view)
+
+    @staticmethod
+    def _state(pod: PodFacts, view: ClusterView) -> _State:
         return _State(
             pod.gpus, pod.min_memory_mib, pod.products, pod.placement == "spread", view.used
         )
 
     def filter(self, state: _State, node: NodeFacts, view: ClusterView) -> Failure | None:
         want = state.gpus
-        if want == 0:
-            return None
         if node.allocatable == 0:
             return NOT_ADVERTISED if node.labelled_gpu else NO_GPUS
         if state.products is not None and node.product not in state.products:

@@ -14,12 +14,14 @@ class HeartbeatPolicy:
     Discovery, not our agent) is trusted as it is."""
 
     name: ClassVar[str] = "heartbeat"
-    scores: ClassVar[bool] = False
 
     def __init__(self, window_seconds: float) -> None:
         self.window = window_seconds
 
-    def prepare(self, pod: PodFacts, view: ClusterView) -> float | None:
+    def pre_score(self, pod: PodFacts, view: ClusterView) -> None:
+        return None
+
+    def pre_filter(self, pod: PodFacts, view: ClusterView) -> float | None:
         if pod.gpus == 0 or self.window <= 0:
             return None
         return view.now() - self.window

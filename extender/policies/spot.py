@@ -22,10 +22,12 @@ class SpotPolicy:
     """
 
     name: ClassVar[str] = "spot"
-    scores: ClassVar[bool] = True
 
-    def prepare(self, pod: PodFacts, view: ClusterView) -> str | None:
-        return pod.spot
+    def pre_filter(self, pod: PodFacts, view: ClusterView) -> str | None:
+        return pod.spot if pod.spot in ("require", "forbid") else None
+
+    def pre_score(self, pod: PodFacts, view: ClusterView) -> str | None:
+        return pod.spot if pod.spot in ("prefer", "avoid") else None
 
     def filter(self, state: str, node: NodeFacts, view: ClusterView) -> Failure | None:
         spot = node.capacity_type == "spot"
@@ -37,8 +39,4 @@ class SpotPolicy:
 
     def score(self, state: str, node: NodeFacts, view: ClusterView) -> float:
         spot = node.capacity_type == "spot"
-        if state == "prefer":
-            return 1.0 if spot else 0.0
-        if state == "avoid":
-            return 0.0 if spot else 1.0
-        return 0.0
+        return float(spot) if state == "prefer" else float(not spot)

@@ -14,9 +14,11 @@ class ZonePolicy:
     whose zone is full still schedules elsewhere."""
 
     name: ClassVar[str] = "zone"
-    scores: ClassVar[bool] = True
 
-    def prepare(self, pod: PodFacts, view: ClusterView) -> dict[str, int] | None:
+    def pre_filter(self, pod: PodFacts, view: ClusterView) -> None:
+        return None  # soft: zone never filters
+
+    def pre_score(self, pod: PodFacts, view: ClusterView) -> dict[str, int] | None:
         if pod.group is None:
             return None
         zones = view.group_zones(pod.namespace, pod.group)

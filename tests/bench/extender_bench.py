@@ -4,8 +4,8 @@
 
 Starts the local control plane, creates 5,000 Node objects (the cluster mode cache
 lists and watches them) and a few hundred bound GPU pods, then runs in one process:
-  - a bare Flask+gunicorn app that parses the same body and answers a fixed tiny JSON
-    (the floor: what any Python extender pays for HTTP + JSON),
+  - a bare Flask+gunicorn app that parses the same body and echoes every candidate
+    back in the same shape (the floor: HTTP + JSON both ways at the same sizes),
   - our extender, --node-source args (Node objects in every request),
   - our extender, --node-source cluster (node names; facts from its cache),
 and reports filter and prioritize latency p50/p99 for 100, 500 and 5,000 candidates,
@@ -38,14 +38,20 @@ from tests.factories import make_pod  # noqa: E402
 
 MODELS = [("NVIDIA-H100-80GB-HBM3", 81559), ("NVIDIA-A100-SXM4-40GB", 40960), ("NVIDIA-L4", 23034)]
 BARE_APP = """
-import json
+# The floor: HTTP + JSON both ways at the same sizes (orjson, as the extender uses),
+# echoing every candidate back with no decision at all.
+import orjson
 from flask import Flask, Response, request
 app = Flask("bare")
 @app.post("/filter")
+def filter_():
+    names = orjson.loads(request.get_data())["NodeNames"]
+    body = {"NodeNames": names, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
+    return Response(orjson.dumps(body), mimetype="application/json")
 @app.post("/prioritize")
-def handle():
-    body = json.loads(request.get_data())
-    return Response('{"NodeNames":[],"FailedNodes":{},"FailedAndUnresolvableNodes":{},"Error":""}',
+def prioritize():
+    names = orjson.loads(request.get_data())["NodeNames"]
+    return Response(orjson.dumps([{"Host": n, "Score": 0} for n in names]),
                     mimetype="application/json")
 """
 

@@ -198,9 +198,9 @@ def test_heartbeat_round_trips_through_the_extender() -> None:
     pod = PodFacts("default", "train", gpus=1)
     policy = HeartbeatPolicy(window_seconds=900)
     fresh = View(NOW.timestamp() + 600)
-    assert policy.filter(policy.prepare(pod, fresh), facts, fresh) is None  # type: ignore[arg-type]
+    assert policy.filter(policy.pre_filter(pod, fresh), facts, fresh) is None  # type: ignore[arg-type]
     stale = View(NOW.timestamp() + 901)
-    failure = policy.filter(policy.prepare(pod, stale), facts, stale)  # type: ignore[arg-type]
+    failure = policy.filter(policy.pre_filter(pod, stale), facts, stale)  # type: ignore[arg-type]
     assert failure is not None and contract.ANN_HEARTBEAT in failure.reason
 
 

@@ -194,3 +194,17 @@ def test_group_zone_via_cache(cluster_client):
     # zone (weight 4) outweighs binpack (weight 3): b (7 free, the group's zone) wins
     # over a (2 free, another zone)
     assert scores["b"] > scores["a"]
+
+
+def test_chunked_body_without_content_length(extender_url):
+    body = json.dumps(args_body(make_pod(gpus=1), [make_node("a", 8, **H100)])).encode()
+
+    def chunks():
+        for i in range(0, len(body), 100):
+            yield body[i : i + 100]
+
+    r = requests.post(
+        extender_url + "/filter", data=chunks(), headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 200
+    assert [n["metadata"]["name"] for n in r.json()["Nodes"]["items"]] == ["a"]
