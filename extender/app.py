@@ -115,7 +115,7 @@ def create_app(
         elapsed = time.perf_counter() - started
         metrics.LATENCY.labels("prioritize").observe(elapsed)
         metrics.REQUESTS.labels("prioritize", "200").inc()
-        best = max(range(len(scores)), key=scores.__getitem__) if scores else None
+        best = scores.index(max(scores)) if scores else None
         log.info(
             "prioritize",
             extra={

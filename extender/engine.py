@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from extender.config import ExtenderConfig
 from extender.model import NodeFacts, PodFacts
-from extender.policies import ClusterView, Policy
+from extender.policies import ClusterView, Failure, Policy
 
 MAX_SCORE = 10
 UNKNOWN_NODE = "node is not in the extender's node cache yet (just added?)"
@@ -44,31 +44,38 @@ def filter_nodes(
         reason = f"pod cannot be placed as asked: {pod.error}"
         out.unresolvable = dict.fromkeys(names, reason)
         return out
-    active = []
+    known = [node for node in nodes if node is not None]
+    verdicts: dict[int, Failure] = {}  # position in ``known`` -> first failure
     for policy in policies:
         state = policy.pre_filter(pod, view)
-        if state is not None:
-            active.append((policy.filter, state))
+        if state is None:
+            continue
+        suspects = getattr(policy, "suspects", None)
+        positions = suspects(state, known, view) if suspects else range(len(known))
+        check = policy.filter
+        for j in positions:
+            before = verdicts.get(j)
+            if before is not None and before.unresolvable:
+                continue  # the strongest verdict is in
+            failure = check(state, known[j], view)
+            # First failure wins, except that an unresolvable one overrides a
+            # resolvable one: preemption or waiting cannot help that node.
+            if failure is not None and (before is None or failure.unresolvable):
+                verdicts[j] = failure
     passed, failed, unresolvable = out.passed, out.failed, out.unresolvable
+    j = 0
     for name, node in zip(names, nodes, strict=True):
         if node is None:
             failed[name] = UNKNOWN_NODE
             continue
-        first = None
-        for check, state in active:
-            failure = check(state, node, view)
-            if failure is not None:
-                if failure.unresolvable:
-                    first = failure
-                    break
-                if first is None:
-                    first = failure
-        if first is None:
+        verdict = verdicts.get(j)
+        j += 1
+        if verdict is None:
             passed.append(name)
-        elif first.unresolvable:
-            unresolvable[name] = first.reason
+        elif verdict.unresolvable:
+            unresolvable[name] = verdict.reason
         else:
-            failed[name] = first.reason
+            failed[name] = verdict.reason
     return out
 
 
@@ -83,10 +90,11 @@ def score_nodes(
     count = len(nodes)
     if pod.error is not None or count == 0:
         return [0] * count
-    known = [i for i, node in enumerate(nodes) if node is not None]
-    if not known:
+    where = [i for i, node in enumerate(nodes) if node is not None]
+    if not where:
         return [0] * count
-    totals = [0.0] * count
+    known = [nodes[i] for i in where]
+    totals = [0.0] * len(known)
     weight_sum = 0
     for policy in policies:
         weight = cfg.weight(policy.name)
@@ -96,20 +104,23 @@ def score_nodes(
         if state is None:
             continue
         weight_sum += weight
-        score = policy.score
-        raw = [score(state, nodes[i], view) for i in known]  # type: ignore[arg-type]
+        raw = policy.score_all(state, known, view)  # type: ignore[arg-type]
         low, high = min(raw), max(raw)
         if high == low:
-            for i in known:
-                totals[i] += weight * MAX_SCORE
-            continue
-        scale = weight * MAX_SCORE / (high - low)
-        for i, value in zip(known, raw, strict=True):
-            totals[i] += (value - low) * scale
+            top = weight * MAX_SCORE
+            totals = [t + top for t in totals]
+        else:
+            scale = weight * MAX_SCORE / (high - low)
+            totals = [t + (v - low) * scale for t, v in zip(totals, raw, strict=True)]
     if weight_sum == 0:
         return [0] * count
+    # Half up, then clamp: floating error must never step outside 0..10.
+    inverse = 1.0 / weight_sum
+    scores = [int(t * inverse + 0.5) for t in totals]
+    scores = [MAX_SCORE if s > MAX_SCORE else 0 if s < 0 else s for s in scores]
+    if len(where) == count:
+        return scores
     result = [0] * count
-    for i in known:
-        # Half up, then clamp: floating error must never step outside 0..10.
-        result[i] = min(MAX_SCORE, max(0, int(totals[i] / weight_sum + 0.5)))
+    for i, score in zip(where, scores, strict=True):
+        result[i] = score
     return result

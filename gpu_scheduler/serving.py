@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import shutil
@@ -29,6 +30,14 @@ class _Server(BaseApplication):
 
     def load(self) -> Flask:
         return self._factory()
+
+
+def _post_worker_init(worker: Any) -> None:
+    # Everything imported and built so far (the kubernetes client's models, Flask) lives
+    # as long as the worker: keep it out of the cyclic collector's full passes, which
+    # otherwise show up as tail latency on the scheduler's hot path.
+    gc.collect()
+    gc.freeze()
 
 
 def _child_exit(server: Any, worker: Any) -> None:
@@ -67,6 +76,7 @@ def serve(
         "loglevel": "warning",
         "logger_class": "gunicorn.glogging.Logger",
         "child_exit": _child_exit if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else None,
+        "post_worker_init": _post_worker_init,
     }
     settings.update(options)
     log.info("serving", extra={"bind": settings["bind"], "workers": workers, "threads": threads})

@@ -3,15 +3,21 @@ PreScore/Score.
 
 ``pre_filter`` and ``pre_score`` run once per pod; each returns the per-pod state its
 per-node step reads, or ``None`` when the policy has nothing to say about this pod
-(the framework's Skip), so the per-node loop never calls it. ``filter`` returns
-``None`` or a :class:`Failure`; ``score`` returns any float, higher is better; the
-engine normalises each policy's scores to 0..10 over the candidate nodes before
-weighting them.
+(the framework's Skip), so the per-node loop never calls it.
+
+``filter`` decides one node and words the reason: ``None`` or a :class:`Failure`.
+``suspects`` (optional) is its fast companion over all candidates at once: the
+positions of the nodes that *may* fail, a superset the engine then asks ``filter``
+about; without it every node is asked. ``score_all`` scores all candidates at once
+(any floats, higher is better); the engine normalises each policy's scores to 0..10
+over the candidates before weighting them. The batch forms exist because the
+extender runs on kube-scheduler's hot path: one comprehension over 5,000 nodes costs
+a fraction of 5,000 method calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -49,4 +55,6 @@ class Policy(Protocol):
 
     def pre_score(self, pod: PodFacts, view: ClusterView) -> Any | None: ...
 
-    def score(self, state: Any, node: NodeFacts, view: ClusterView) -> float: ...
+    def score_all(
+        self, state: Any, nodes: Sequence[NodeFacts], view: ClusterView
+    ) -> list[float]: ...

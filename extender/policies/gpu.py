@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -76,9 +76,29 @@ class GpuPolicy:
             )
         return None
 
-    def score(self, state: _State, node: NodeFacts, view: ClusterView) -> float:
-        if state.gpus == 0:
+    def suspects(self, state: _State, nodes: Sequence[NodeFacts], view: ClusterView) -> list[int]:
+        want, used, products, least = (
+            state.gpus,
+            state.used.get,
+            state.products,
+            state.min_memory_mib,
+        )
+        return [
+            i
+            for i, n in enumerate(nodes)
+            if n.allocatable - used(n.name, 0) < want
+            or (products is not None and n.product not in products)
+            or (least is not None and (n.memory_mib is None or n.memory_mib < least))
+        ]
+
+    def score_all(
+        self, state: _State, nodes: Sequence[NodeFacts], view: ClusterView
+    ) -> list[float]:
+        want, used = state.gpus, state.used.get
+        if want == 0:
             # Keep GPU nodes for GPU work: a CPU pod prefers nodes without GPUs.
-            return 0.0 if node.has_gpus else 1.0
-        leftover = node.allocatable - state.used.get(node.name, 0) - state.gpus
-        return float(leftover) if state.spread else float(-leftover)
+            return [0.0 if n.allocatable > 0 or n.labelled_gpu else 1.0 for n in nodes]
+        if state.spread:  # most GPUs left after placing
+            return [float(n.allocatable - used(n.name, 0) - want) for n in nodes]
+        # binpack: fewest GPUs left after placing
+        return [float(want + used(n.name, 0) - n.allocatable) for n in nodes]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from extender.model import NodeFacts, PodFacts
@@ -37,5 +38,8 @@ class HeartbeatPolicy:
             False,
         )
 
-    def score(self, oldest: float, node: NodeFacts, view: ClusterView) -> float:
-        return 0.0
+    def suspects(self, oldest: float, nodes: Sequence[NodeFacts], view: ClusterView) -> list[int]:
+        return [i for i, n in enumerate(nodes) if n.heartbeat is not None and n.heartbeat < oldest]
+
+    def score_all(self, state: None, nodes: Sequence[NodeFacts], view: ClusterView) -> list[float]:
+        return [0.0] * len(nodes)  # never called: pre_score skips

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from extender.model import NodeFacts, PodFacts
@@ -37,6 +38,11 @@ class SpotPolicy:
             return IS_SPOT
         return None
 
-    def score(self, state: str, node: NodeFacts, view: ClusterView) -> float:
-        spot = node.capacity_type == "spot"
-        return float(spot) if state == "prefer" else float(not spot)
+    def suspects(self, state: str, nodes: Sequence[NodeFacts], view: ClusterView) -> list[int]:
+        want_spot = state == "require"
+        return [i for i, n in enumerate(nodes) if (n.capacity_type == "spot") != want_spot]
+
+    def score_all(self, state: str, nodes: Sequence[NodeFacts], view: ClusterView) -> list[float]:
+        good = 1.0 if state == "prefer" else 0.0
+        bad = 1.0 - good
+        return [good if n.capacity_type == "spot" else bad for n in nodes]

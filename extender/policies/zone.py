@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from extender.model import NodeFacts, PodFacts
@@ -27,5 +28,7 @@ class ZonePolicy:
     def filter(self, state: dict[str, int], node: NodeFacts, view: ClusterView) -> None:
         return None
 
-    def score(self, state: dict[str, int], node: NodeFacts, view: ClusterView) -> float:
-        return float(state.get(node.zone, 0)) if node.zone else 0.0
+    def score_all(
+        self, state: dict[str, int], nodes: Sequence[NodeFacts], view: ClusterView
+    ) -> list[float]:
+        return [float(state.get(n.zone, 0)) if n.zone else 0.0 for n in nodes]

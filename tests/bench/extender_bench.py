@@ -152,6 +152,9 @@ def main() -> int:
     parser.add_argument("--sizes", default="100,500,5000")
     parser.add_argument("--nodes", type=int, default=5000, help="nodes in the cluster")
     parser.add_argument("--pods", type=int, default=500, help="bound GPU pods in the cluster")
+    parser.add_argument(
+        "--threads", type=int, default=4, help="gunicorn threads per worker, all servers"
+    )
     opts = parser.parse_args()
     sizes = [int(s) for s in opts.sizes.split(",")]
 
@@ -197,8 +200,9 @@ def main() -> int:
             )
             (work / "bare.py").write_text(BARE_APP)
             ports = {"bare": free_port(), "args": free_port(), "cluster": free_port()}
-            gunicorn = [sys.executable, "-m", "gunicorn", "--workers=1", "--threads=4"]
-            base = [*CLI, "extender", "--host=127.0.0.1", "--workers=1"]
+            threads = f"--threads={opts.threads}"
+            gunicorn = [sys.executable, "-m", "gunicorn", "--workers=1", threads]
+            base = [*CLI, "extender", "--host=127.0.0.1", "--workers=1", threads]
             with (
                 running(
                     [

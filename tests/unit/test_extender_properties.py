@@ -171,3 +171,27 @@ def test_pod_record_skips_unbound_finished_and_uninteresting_pods():
     assert pod_record(make_pod(gpus=0, node="n", phase="Running")) is None
     _uid, record = pod_record(make_pod(gpus=2, node="n", phase="Running"))
     assert (record.node, record.gpus, record.group) == ("n", 2, None)
+
+
+@SETTINGS
+@given(data=st.data(), nodes=nodes(), pod=pods())
+def test_suspects_cover_every_node_that_filter_fails(data, nodes, pod):
+    """The batch fast path may over-report, never under-report: every node a policy's
+    filter fails is among its suspects, so the engine's answer is filter's answer."""
+    from extender.config import ExtenderConfig
+    from extender.model import node_facts, pod_facts
+    from extender.policies import build_policies
+
+    names = [n["metadata"]["name"] for n in nodes]
+    cache = ClusterCache(clock=lambda: 1_800_000_000.0)
+    cache.replace_nodes(nodes)
+    cache.replace_pods(data.draw(running_pods(names)))
+    facts = [node_facts(n) for n in nodes]
+    pod_state = pod_facts(pod)
+    for policy in build_policies(ExtenderConfig()):
+        state = policy.pre_filter(pod_state, cache)
+        if state is None or not hasattr(policy, "suspects"):
+            continue
+        suspects = set(policy.suspects(state, facts, cache))
+        failing = {i for i, n in enumerate(facts) if policy.filter(state, n, cache) is not None}
+        assert failing <= suspects, policy.name
