@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from extender import metrics
-from extender.model import NodeFacts, node_facts
+from extender.model import NodeFacts, node_facts, parse_products
 from gpu_scheduler import contract
 from gpu_scheduler.quantity import QuantityError
 
@@ -40,17 +40,27 @@ class StaticView:
     def group_zones(self, namespace: str, group: str) -> dict[str, int]:
         return {}
 
+    def product_pressure(self) -> dict[str, float]:
+        return {}
+
     def now(self) -> float:
         return time.time()
 
 
 class _PodRecord:
-    __slots__ = ("gpus", "group", "node")
+    __slots__ = ("gpus", "group", "node", "products")
 
-    def __init__(self, node: str, gpus: int, group: tuple[str, str] | None) -> None:
+    def __init__(
+        self,
+        node: str,
+        gpus: int,
+        group: tuple[str, str] | None,
+        products: tuple[str, ...] | None = None,
+    ) -> None:
         self.node = node
         self.gpus = gpus
         self.group = group
+        self.products = products  # gpu-products it is restricted to, if any
 
 
 def pod_record(pod: Mapping[str, Any]) -> tuple[str, _PodRecord] | None:
@@ -65,11 +75,14 @@ def pod_record(pod: Mapping[str, Any]) -> tuple[str, _PodRecord] | None:
         gpus = contract.pod_gpu_request(spec)
     except QuantityError:
         gpus = 0
-    group_name = (meta.get("annotations") or {}).get(contract.ANN_GROUP)
+    annotations = meta.get("annotations") or {}
+    group_name = annotations.get(contract.ANN_GROUP)
     group = (sys.intern(meta.get("namespace") or "default"), group_name) if group_name else None
     if gpus == 0 and group is None:
         return None
-    return uid, _PodRecord(sys.intern(node), gpus, group)
+    products = parse_products(annotations.get(contract.ANN_GPU_PRODUCTS)) if gpus else None
+    restricted = tuple(sorted(sys.intern(p) for p in products)) if products else None
+    return uid, _PodRecord(sys.intern(node), gpus, group, restricted)
 
 
 class ClusterCache:
@@ -80,6 +93,11 @@ class ClusterCache:
         self._pods: dict[str, _PodRecord] = {}
         self._used: dict[str, int] = {}
         self._groups: dict[tuple[str, str], dict[str, int]] = {}
+        # GPUs per product (allocatable), GPUs asked by bound pods restricted to a product
+        # (split over the products they accept), and GPUs asked by all bound GPU pods.
+        self._capacity: dict[str, int] = {}
+        self._demand: dict[str, float] = {}
+        self._demand_total = 0
         self._lock = threading.Lock()
         self._synced = {"nodes": threading.Event(), "pods": threading.Event()}
         self._stop = threading.Event()
@@ -105,6 +123,22 @@ class ClusterCache:
                     zones[node.zone] = zones.get(node.zone, 0) + count
         return zones
 
+    def product_pressure(self) -> dict[str, float]:
+        """Per GPU product: the share of GPU demand that can only run on it, over its
+        share of the cluster's GPUs. Near 1 or above: pods restricted to this product
+        need about all of it. 0: nobody is restricted to it. Empty without demand."""
+        with self._lock:
+            total_demand = self._demand_total
+            total_capacity = sum(self._capacity.values())
+            if not total_demand or not total_capacity:
+                return {}
+            return {
+                product: (self._demand.get(product, 0.0) / total_demand)
+                / (capacity / total_capacity)
+                for product, capacity in self._capacity.items()
+                if capacity > 0
+            }
+
     def now(self) -> float:
         return self._clock()
 
@@ -128,34 +162,58 @@ class ClusterCache:
                 log.warning("skipping unreadable node", extra={"error": str(exc)})
                 continue
             fresh[facts.name] = facts
-        self.nodes = fresh
+        capacity: dict[str, int] = {}
+        for facts in fresh.values():
+            if facts.product and facts.allocatable:
+                capacity[facts.product] = capacity.get(facts.product, 0) + facts.allocatable
+        with self._lock:
+            self.nodes = fresh
+            self._capacity = capacity
         metrics.CACHE_OBJECTS.labels("nodes").set(len(fresh))
 
     def node_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        facts = None
         if kind == "DELETED":
             name = (obj.get("metadata") or {}).get("name")
-            self.nodes.pop(name, None)
         else:
             try:
                 facts = node_facts(obj)
             except ValueError as exc:
                 log.warning("skipping unreadable node", extra={"error": str(exc)})
                 return
-            self.nodes[facts.name] = facts
+            name = facts.name
+        with self._lock:
+            old = self.nodes.pop(name, None)
+            if facts is not None:
+                self.nodes[facts.name] = facts
+            for node, sign in ((old, -1), (facts, 1)):
+                if node is not None and node.product and node.allocatable:
+                    left = self._capacity.get(node.product, 0) + sign * node.allocatable
+                    if left > 0:
+                        self._capacity[node.product] = left
+                    else:
+                        self._capacity.pop(node.product, None)
         metrics.CACHE_OBJECTS.labels("nodes").set(len(self.nodes))
 
     def replace_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
         records = dict(filter(None, (pod_record(item) for item in items)))
         used: dict[str, int] = {}
         groups: dict[tuple[str, str], dict[str, int]] = {}
+        demand: dict[str, float] = {}
+        demand_total = 0
         for record in records.values():
             if record.gpus:
                 used[record.node] = used.get(record.node, 0) + record.gpus
+                demand_total += record.gpus
+                for product in record.products or ():
+                    share = record.gpus / len(record.products)  # type: ignore[arg-type]
+                    demand[product] = demand.get(product, 0.0) + share
             if record.group is not None:
                 members = groups.setdefault(record.group, {})
                 members[record.node] = members.get(record.node, 0) + 1
         with self._lock:
             self._pods, self._used, self._groups = records, used, groups
+            self._demand, self._demand_total = demand, demand_total
         metrics.CACHE_OBJECTS.labels("pods").set(len(records))
 
     def pod_event(self, kind: str, obj: Mapping[str, Any]) -> None:
@@ -177,6 +235,13 @@ class ClusterCache:
             self._used[record.node] = used
         else:
             self._used.pop(record.node, None)
+        self._demand_total += sign * record.gpus
+        for product in record.products or ():
+            share = self._demand.get(product, 0.0) + sign * record.gpus / len(record.products)
+            if share > 1e-9:
+                self._demand[product] = share
+            else:
+                self._demand.pop(product, None)
         if record.group is not None:
             members = self._groups.setdefault(record.group, {})
             count = members.get(record.node, 0) + sign

@@ -105,6 +105,10 @@ def score_nodes(
             continue
         weight_sum += weight
         raw = policy.score_all(state, known, view)  # type: ignore[arg-type]
+        if getattr(policy, "absolute", False):  # already 0..1 on a fixed scale
+            top = weight * MAX_SCORE
+            totals = [t + top * v for t, v in zip(totals, raw, strict=True)]
+            continue
         low, high = min(raw), max(raw)
         if high == low:
             top = weight * MAX_SCORE

@@ -138,6 +138,13 @@ class PodFacts:
         return f"{self.namespace}/{self.name}"
 
 
+def parse_products(raw: Any) -> frozenset[str] | None:
+    """``gpu-scheduler.io/gpu-products``: a comma list of product label values."""
+    if raw is None:
+        return None
+    return frozenset(p.strip() for p in str(raw).split(",") if p.strip()) or None
+
+
 def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> PodFacts:
     """Facts from a Pod in its JSON form. Raises ValueError if it is no Pod at all.
 
@@ -173,7 +180,7 @@ def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> Pod
     products = None
     raw = annotations.get(contract.ANN_GPU_PRODUCTS)
     if raw is not None:
-        products = frozenset(p.strip() for p in str(raw).split(",") if p.strip()) or None
+        products = parse_products(raw)
         if products is None:
             errors.append(f"{contract.ANN_GPU_PRODUCTS} is empty")
 

@@ -8,6 +8,7 @@ from extender.config import ExtenderConfig
 from extender.policies.base import ClusterView, Failure, Policy
 from extender.policies.gpu import GpuPolicy
 from extender.policies.heartbeat import HeartbeatPolicy
+from extender.policies.scarcity import ScarcityPolicy
 from extender.policies.spot import SpotPolicy
 from extender.policies.zone import ZonePolicy
 
@@ -15,6 +16,7 @@ REGISTRY: dict[str, Callable[[ExtenderConfig], Policy]] = {
     "gpu": lambda cfg: GpuPolicy(),
     "spot": lambda cfg: SpotPolicy(),
     "zone": lambda cfg: ZonePolicy(),
+    "scarcity": lambda cfg: ScarcityPolicy(),
     "heartbeat": lambda cfg: HeartbeatPolicy(cfg.heartbeat_window_seconds),
 }
 

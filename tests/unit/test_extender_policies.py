@@ -254,3 +254,62 @@ def test_node_facts_rejects_non_nodes():
     with pytest.raises(ValueError):
         node_facts({"metadata": {"name": "x", "labels": ["a"]}})
     assert node_facts(make_node("x")) == NodeFacts("x", 0, zone=None)
+
+
+# --- scarcity ----------------------------------------------------------------------
+class PressureView(View):
+    def __init__(self, pressure, used=None):
+        super().__init__(used=used)
+        self.pressure = pressure
+
+    def product_pressure(self):
+        return dict(self.pressure)
+
+
+def test_unrestricted_pods_leave_the_model_restricted_pods_need():
+    t4 = make_node("t4", 1, product="T4", memory_mib=15360)
+    g2 = make_node("g2", 8, product="G2", memory_mib=16384)
+    nodes = facts(t4, g2)
+    view = PressureView({"T4": 0.9, "G2": 0.05}, used={"g2": 0})
+    # binpack alone prefers the T4 node (a perfect fit for one GPU)
+    assert run_score(make_pod(gpus=1), nodes, View())[0] == 10
+    scores = run_score(make_pod(gpus=1), nodes, view)
+    assert scores[1] > scores[0]
+    # a pod restricted to T4 is not steered: scarcity skips it
+    restricted = make_pod(gpus=1, annotations={contract.ANN_GPU_PRODUCTS: "T4,G2"})
+    assert run_score(restricted, nodes, view)[0] == 10
+
+
+def test_scarcity_does_not_override_binpack_between_unwanted_models():
+    a = make_node("a", 8, product="G2", memory_mib=16384)
+    b = make_node("b", 8, product="G3", memory_mib=16384)
+    view = PressureView({"G2": 0.05, "G3": 0.15}, used={"a": 0, "b": 7})
+    scores = run_score(make_pod(gpus=1), facts(a, b), view)
+    assert scores[1] > scores[0]  # b is a perfect fit; G3's slight pressure does not matter
+
+
+def test_cache_pressure_from_bound_pods_and_node_capacity():
+    from extender.cache import ClusterCache
+
+    cache = ClusterCache()
+    cache.replace_nodes(
+        [
+            make_node("t4", 2, product="T4"),
+            make_node("g2a", 8, product="G2"),
+            make_node("g2b", 8, product="G2"),
+        ]
+    )
+    assert cache.product_pressure() == {}
+    cache.pod_event(
+        "ADDED",
+        make_pod("r", 2, node="t4", phase="Running", annotations={contract.ANN_GPU_PRODUCTS: "T4"}),
+    )
+    cache.pod_event("ADDED", make_pod("u", 2, node="g2a", phase="Running"))
+    pressure = cache.product_pressure()
+    # half the demand is restricted to T4, which holds 2 of 18 GPUs
+    assert pressure["T4"] == pytest.approx(0.5 / (2 / 18))
+    assert pressure["G2"] == 0
+    cache.node_event("DELETED", {"metadata": {"name": "g2b"}})
+    assert cache.product_pressure()["T4"] == pytest.approx(0.5 / (2 / 10))
+    cache.pod_event("DELETED", make_pod("r", 2, node="t4"))
+    assert cache.product_pressure()["T4"] == 0

@@ -135,6 +135,7 @@ def test_cluster_mode_accounts_for_every_node(data, nodes, pod, unknown):
             st.integers(0, 3),  # gpus
             st.sampled_from(["Pending", "Running", "Succeeded"]),
             st.sampled_from([None, "g"]),
+            st.sampled_from([None, "T4", "T4,G2"]),
         ),
         max_size=40,
     )
@@ -143,14 +144,11 @@ def test_watch_events_keep_the_same_totals_as_a_fresh_list(events):
     cache = ClusterCache()
     cache.replace_nodes([make_node(n, 8, zone=n) for n in ("n0", "n1", "n2")])
     live = {}
-    for kind, i, node, gpus, phase, group in events:
-        pod = make_pod(
-            f"p{i}",
-            gpus,
-            node=node,
-            phase=phase,
-            annotations={contract.ANN_GROUP: group} if group else {},
-        )
+    for kind, i, node, gpus, phase, group, products in events:
+        annotations = {contract.ANN_GROUP: group} if group else {}
+        if products:
+            annotations[contract.ANN_GPU_PRODUCTS] = products
+        pod = make_pod(f"p{i}", gpus, node=node, phase=phase, annotations=annotations)
         cache.pod_event(kind, pod)
         if kind == "DELETED":
             live.pop(i, None)
@@ -163,6 +161,10 @@ def test_watch_events_keep_the_same_totals_as_a_fresh_list(events):
         assert cache.used_gpus(node) == fresh.used_gpus(node)
     assert cache.group_zones("default", "g") == fresh.group_zones("default", "g")
     assert cache._used == fresh._used and cache._groups == fresh._groups
+    assert cache._demand_total == fresh._demand_total
+    assert cache._demand.keys() == fresh._demand.keys()
+    for product, share in fresh._demand.items():
+        assert abs(cache._demand[product] - share) < 1e-6
 
 
 def test_pod_record_skips_unbound_finished_and_uninteresting_pods():

@@ -1,0 +1,41 @@
+"""scarcity: keep scarce GPU models for the pods that can only run there.
+
+A pod without ``gpu-scheduler.io/gpu-products`` can run on any GPU; a pod with it
+cannot. Packing the unrestricted pods onto the model the restricted ones need (small
+T4 and P100 nodes are binpack's favourite perfect fits) fails the restricted ones
+later. The cluster cache knows, per product, the share of GPU demand restricted to it
+over its share of the cluster's GPUs (the *pressure*, from the bound pods). An
+unrestricted GPU pod scores each node ``1 - min(1, pressure)`` on an absolute scale,
+so models nobody is restricted to all score near 1 and binpack decides among them,
+while a model whose restricted demand needs about all of it scores near 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from extender.model import NodeFacts, PodFacts
+from extender.policies.base import ClusterView
+
+
+class ScarcityPolicy:
+    name: ClassVar[str] = "scarcity"
+    #: Scores are already on a fixed 0..1 scale: the engine must not stretch them
+    #: min-max (two models nobody is restricted to would look far apart).
+    absolute: ClassVar[bool] = True
+
+    def pre_filter(self, pod: PodFacts, view: ClusterView) -> None:
+        return None
+
+    def pre_score(self, pod: PodFacts, view: ClusterView) -> dict[str, float] | None:
+        if pod.gpus == 0 or pod.products is not None:
+            return None
+        pressure = view.product_pressure()
+        return pressure if pressure and max(pressure.values()) > 0 else None
+
+    def score_all(
+        self, pressure: dict[str, float], nodes: Sequence[NodeFacts], view: ClusterView
+    ) -> list[float]:
+        get = pressure.get
+        return [1.0 - min(1.0, get(n.product, 0.0)) if n.product else 1.0 for n in nodes]
