@@ -4,10 +4,11 @@ A pod without ``gpu-scheduler.io/gpu-products`` can run on any GPU; a pod with i
 cannot. Packing the unrestricted pods onto the model the restricted ones need (small
 T4 and P100 nodes are binpack's favourite perfect fits) fails the restricted ones
 later. The cluster cache knows, per product, the share of GPU demand restricted to it
-over its share of the cluster's GPUs (the *pressure*, from the bound pods). An
-unrestricted GPU pod scores each node ``1 - min(1, pressure)`` on an absolute scale,
-so models nobody is restricted to all score near 1 and binpack decides among them,
-while a model whose restricted demand needs about all of it scores near 0.
+over its share of the cluster's GPUs (the *pressure*, from the bound pods): roughly
+the part of that model the restricted pods will need. An unrestricted GPU pod scores
+each node ``(1 - min(1, pressure))**2`` on an absolute scale: models nobody is
+restricted to all score near 1 and binpack decides among them, while a model whose
+restricted demand needs much of it (0.75: score 0.06) is left to those pods.
 """
 
 from __future__ import annotations
@@ -38,4 +39,4 @@ class ScarcityPolicy:
         self, pressure: dict[str, float], nodes: Sequence[NodeFacts], view: ClusterView
     ) -> list[float]:
         get = pressure.get
-        return [1.0 - min(1.0, get(n.product, 0.0)) if n.product else 1.0 for n in nodes]
+        return [(1.0 - min(1.0, get(n.product, 0.0))) ** 2 if n.product else 1.0 for n in nodes]
