@@ -15,9 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from extender.model import PLACEMENTS
+from gpu_scheduler.configfile import load_yaml_file
 from gpu_scheduler.durations import parse_duration
 
 SCORING_POLICIES = ("gpu", "spot", "zone", "scarcity")
@@ -99,12 +98,4 @@ def config_from_mapping(data: Mapping[str, Any] | None) -> ExtenderConfig:
 def load_config(path: str | None) -> ExtenderConfig:
     if not path:
         return ExtenderConfig()
-    with open(path, encoding="utf-8") as handle:
-        try:
-            data = yaml.safe_load(handle)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not YAML: {exc}") from exc
-    try:
-        return config_from_mapping(data)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+    return load_yaml_file(path, config_from_mapping, ConfigError)

@@ -18,8 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
+from gpu_scheduler.configfile import load_yaml_file
 from gpu_scheduler.contract import DEFAULT_SCHEDULER, GPU_TOLERATION, SCHEDULER_NAME
 
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -127,12 +126,4 @@ def config_from_mapping(data: Mapping[str, Any] | None) -> WebhookConfig:
 def load_config(path: str | None) -> WebhookConfig:
     if not path:
         return WebhookConfig()
-    with open(path, encoding="utf-8") as fh:
-        try:
-            data = yaml.safe_load(fh)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not YAML: {exc}") from exc
-    try:
-        return config_from_mapping(data)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+    return load_yaml_file(path, config_from_mapping, ConfigError)
