@@ -419,7 +419,8 @@ class KubeletShim:
                     if self._stop.is_set():
                         return
             except Exception as exc:
-                log.warning("kubelet shim watch failed: %r", exc)
+                if not self._stop.is_set():  # the apiserver going away at stop is expected
+                    log.warning("kubelet shim watch failed: %r", exc)
                 self._stop.wait(1)
 
 
