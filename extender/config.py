@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extender.model import PLACEMENTS
-from gpu_scheduler.configfile import load_yaml_file
+from gpu_scheduler.configfile import checked_mapping, load_yaml_file
 from gpu_scheduler.durations import parse_duration
 
 SCORING_POLICIES = ("gpu", "spot", "zone", "scarcity")
@@ -70,12 +70,7 @@ _KEYS = {"weights", "disabled", "defaultPlacement", "heartbeatWindow", "maxBodyB
 
 
 def config_from_mapping(data: Mapping[str, Any] | None) -> ExtenderConfig:
-    data = data or {}
-    if not isinstance(data, Mapping):
-        raise ConfigError("the config must be a YAML mapping")
-    unknown = set(data) - _KEYS
-    if unknown:
-        raise ConfigError(f"unknown config keys {sorted(unknown)}; known: {sorted(_KEYS)}")
+    data = checked_mapping(data, _KEYS, ConfigError)
     kwargs: dict[str, Any] = {}
     if "weights" in data:
         weights = dict(DEFAULT_WEIGHTS)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import yaml
@@ -22,3 +22,16 @@ def load_yaml_file(path: str, parse: Callable[[Any], T], error: type[ValueError]
         return parse(data)
     except error as exc:
         raise error(f"{path}: {exc}") from exc
+
+
+def checked_mapping(
+    data: Any, known: set[str] | frozenset[str], error: type[ValueError]
+) -> Mapping[str, Any]:
+    """``data`` as a mapping with only ``known`` keys (None: empty), else ``error``."""
+    data = data or {}
+    if not isinstance(data, Mapping):
+        raise error("the config must be a YAML mapping")
+    unknown = set(data) - set(known)
+    if unknown:
+        raise error(f"unknown config keys {sorted(unknown)}; known: {sorted(known)}")
+    return data

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_scheduler.configfile import load_yaml_file
+from gpu_scheduler.configfile import checked_mapping, load_yaml_file
 from gpu_scheduler.contract import DEFAULT_SCHEDULER, GPU_TOLERATION, SCHEDULER_NAME
 
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -104,12 +104,7 @@ def _qualified_name(key: str) -> bool:
 
 
 def config_from_mapping(data: Mapping[str, Any] | None) -> WebhookConfig:
-    data = data or {}
-    if not isinstance(data, Mapping):
-        raise ConfigError("the config must be a YAML mapping")
-    unknown = set(data) - _KEYS
-    if unknown:
-        raise ConfigError(f"unknown config keys {sorted(unknown)}; known: {sorted(_KEYS)}")
+    data = checked_mapping(data, _KEYS, ConfigError)
     kwargs: dict[str, Any] = {}
     if "schedulerName" in data:
         kwargs["scheduler_name"] = data["schedulerName"]
