@@ -234,3 +234,13 @@ def fill_should_stop(recent_gpu_outcomes: Iterable[bool], window: int = 50) -> b
     """Fill mode ends once ``window`` GPU pods in a row failed (True = placed)."""
     outcomes = list(recent_gpu_outcomes)
     return len(outcomes) >= window and not any(outcomes[-window:])
+
+
+def median_run(runs: Sequence[FillResult]) -> FillResult:
+    """Of repeated fill runs of one scheduler (kube-scheduler breaks score ties at
+    random), the one with the median first-failure share; a run that never failed
+    ranks highest."""
+    ordered = sorted(
+        runs, key=lambda r: 1.0 if r.first_failure_share is None else r.first_failure_share
+    )
+    return ordered[(len(ordered) - 1) // 2]

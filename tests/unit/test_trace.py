@@ -13,6 +13,7 @@ from tests.bench.trace import (
     find_trace_dir,
     load_nodes,
     load_tasks,
+    median_run,
     node_manifest,
     pod_manifest,
     sample,
@@ -115,3 +116,14 @@ def test_multigpu20_has_no_times_and_keeps_row_order():
     assert all(t.deleted is None and t.models == () for t in tasks)
     # resampled with more multi-GPU tasks than the default file (247 against 75)
     assert sum(1 for t in tasks if t.gpus >= 2) == 247
+
+
+def test_median_run_of_repeated_fills():
+    runs = []
+    for share in (0.9, None, 0.5):
+        r = FillResult("x", total_gpus=10)
+        r.first_failure_share = share
+        runs.append(r)
+    assert median_run(runs).first_failure_share == 0.9
+    assert median_run(runs[:1]) is runs[0]
+    assert median_run(runs[1:]).first_failure_share == 0.5  # lower of two
