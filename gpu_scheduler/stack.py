@@ -9,10 +9,13 @@ KubeSchedulerConfiguration with the extender at 127.0.0.1), and agents on demand
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,6 +189,22 @@ class Stack:
         if self.shim is not None:
             self.shim.stop()
         self.cluster.stop()
+
+
+@contextlib.contextmanager
+def bare_stack(prefix: str) -> Iterator[tuple[Stack, Any]]:
+    """A control plane in a temporary folder, nothing of ours started yet: the
+    benchmarks' starting point. Yields the stack and a CoreV1Api; stops everything."""
+    from kubernetes import client
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        work = Path(tmp)
+        stack = Stack(start_control_plane(work / "cluster"), work)
+        try:
+            stack.api = stack.cluster.api_client()
+            yield stack, client.CoreV1Api(stack.api)
+        finally:
+            stack.stop()
 
 
 def start_stack(workdir: Path, *, extender_config: dict[str, Any] | None = None) -> Stack:

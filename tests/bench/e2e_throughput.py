@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from gpu_scheduler import contract  # noqa: E402
-from gpu_scheduler.localcluster import node_object, start_control_plane  # noqa: E402
-from gpu_scheduler.stack import Stack, scheduler_config  # noqa: E402
+from gpu_scheduler.localcluster import node_object  # noqa: E402
+from gpu_scheduler.stack import bare_stack, scheduler_config  # noqa: E402
 
 SET_LABEL = "bench.gpu-scheduler.io/set"
 TAINT = {"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}
@@ -107,47 +106,39 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--nodes", type=int, default=500)
     opts = parser.parse_args()
-    from kubernetes import client
 
-    with tempfile.TemporaryDirectory(prefix="e2e-throughput-") as tmp:
-        work = Path(tmp)
-        cluster = start_control_plane(work / "cluster")
-        stack = Stack(cluster, work)
-        try:
-            stack.api = cluster.api_client()
-            core = client.CoreV1Api(stack.api)
-            stack.start_extender()
-            variants = ("without", "with")
-            with ThreadPoolExecutor(8) as pool:
-                list(
-                    pool.map(
-                        lambda args: core.create_node(gpu_node(*args)),
-                        [(f"{v}-{i:04d}", v) for v in variants for i in range(opts.nodes)],
-                    )
+    with bare_stack("e2e-throughput-") as (stack, core):
+        cluster = stack.cluster
+        stack.start_extender()
+        variants = ("without", "with")
+        with ThreadPoolExecutor(8) as pool:
+            list(
+                pool.map(
+                    lambda args: core.create_node(gpu_node(*args)),
+                    [(f"{v}-{i:04d}", v) for v in variants for i in range(opts.nodes)],
                 )
-                sizes = [1, 1, 2, 4, 1, 2, 8, 1]
-                list(
-                    pool.map(
-                        lambda args: core.create_namespaced_pod("default", gpu_pod(*args)),
-                        [
-                            (f"{v}-{i:05d}", v, sizes[i % len(sizes)])
-                            for v in variants
-                            for i in range(opts.pods)
-                        ],
-                    )
+            )
+            sizes = [1, 1, 2, 4, 1, 2, 8, 1]
+            list(
+                pool.map(
+                    lambda args: core.create_namespaced_pod("default", gpu_pod(*args)),
+                    [
+                        (f"{v}-{i:05d}", v, sizes[i % len(sizes)])
+                        for v in variants
+                        for i in range(opts.pods)
+                    ],
                 )
-            print(f"created {2 * opts.nodes} nodes and {2 * opts.pods} pods", flush=True)
-            with_ext = scheduler_config(f"http://127.0.0.1:{stack.extender_port}")
-            without_ext = copy.deepcopy(with_ext)
-            without_ext.pop("extenders")
-            results = {}
-            for variant, cfg in (("without", without_ext), ("with", with_ext)):
-                cfg = copy.deepcopy(cfg)
-                cfg["profiles"][0]["schedulerName"] = f"bench-{variant}"
-                results[variant] = measure(core, cluster, variant, cfg, opts.pods)
-                print(f"  {variant}: {results[variant][0]:.1f} pods/s", flush=True)
-        finally:
-            stack.stop()
+            )
+        print(f"created {2 * opts.nodes} nodes and {2 * opts.pods} pods", flush=True)
+        with_ext = scheduler_config(f"http://127.0.0.1:{stack.extender_port}")
+        without_ext = copy.deepcopy(with_ext)
+        without_ext.pop("extenders")
+        results = {}
+        for variant, cfg in (("without", without_ext), ("with", with_ext)):
+            cfg = copy.deepcopy(cfg)
+            cfg["profiles"][0]["schedulerName"] = f"bench-{variant}"
+            results[variant] = measure(core, cluster, variant, cfg, opts.pods)
+            print(f"  {variant}: {results[variant][0]:.1f} pods/s", flush=True)
 
     ratio = results["with"][0] / results["without"][0]
     print()

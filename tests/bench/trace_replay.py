@@ -34,7 +34,6 @@ import itertools
 import queue
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,8 +44,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from gpu_scheduler.kube import watch_events  # noqa: E402
-from gpu_scheduler.localcluster import LocalCluster, start_control_plane  # noqa: E402
-from gpu_scheduler.stack import DEFAULT_SCHEDULER_CONFIG, Stack, scheduler_config  # noqa: E402
+from gpu_scheduler.localcluster import LocalCluster  # noqa: E402
+from gpu_scheduler.stack import DEFAULT_SCHEDULER_CONFIG, bare_stack, scheduler_config  # noqa: E402
 from tests.bench.replay import Arrival, ReplayResult, replay_schedule  # noqa: E402
 from tests.bench.trace import (  # noqa: E402
     FillResult,
@@ -476,7 +475,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(opts: argparse.Namespace) -> list[Any]:
-    from kubernetes import client
 
     trace = find_trace_dir()
     nodes: list[TraceNode] = sample(
@@ -499,51 +497,42 @@ def run(opts: argparse.Namespace) -> list[Any]:
         + (f", arrivals over {arrivals[-1].at:.0f}s" if arrivals else ""),
         flush=True,
     )
-    with tempfile.TemporaryDirectory(prefix="trace-replay-") as tmp:
-        work = Path(tmp)
-        cluster = start_control_plane(work / "cluster")
-        stack = Stack(cluster, work)
+    with bare_stack("trace-replay-") as (stack, core):
+        cluster = stack.cluster
         results: list[Any] = []
-        try:
-            stack.api = cluster.api_client()
-            core = client.CoreV1Api(stack.api)
-            with ThreadPoolExecutor(8) as pool:
-                list(pool.map(lambda n: core.create_node(node_manifest(n)), nodes))
-            stack.start_extender()
-            configs = scheduler_configs(f"http://127.0.0.1:{stack.extender_port}")
-            for name in [n for _ in range(opts.repeat) for n in names]:
-                started = time.monotonic()
-                if opts.mode == "fill":
-                    result = run_fill(
-                        cluster, core, name, configs[name], tasks, model_of, total_gpus
-                    )
-                    print(
-                        f"  {name}: first failure at {result.first_failure_share or 0:.1%}, "
-                        f"end {result.final_share:.1%}, {time.monotonic() - started:.0f}s",
-                        flush=True,
-                    )
-                else:
-                    result = run_replay(
-                        cluster,
-                        core,
-                        name,
-                        configs[name],
-                        arrivals,
-                        model_of,
-                        total_gpus,
-                        opts.patience / opts.speedup,
-                    )
-                    print(
-                        f"  {name}: mean GPU allocation "
-                        f"{result.mean_allocation(arrivals[-1].at):.1%}, "
-                        f"{result.gpu_failed} GPU pods failed, "
-                        f"{time.monotonic() - started:.0f}s",
-                        flush=True,
-                    )
-                results.append(result)
-                clear_pods(core, stack.extender_port)
-        finally:
-            stack.stop()
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda n: core.create_node(node_manifest(n)), nodes))
+        stack.start_extender()
+        configs = scheduler_configs(f"http://127.0.0.1:{stack.extender_port}")
+        for name in [n for _ in range(opts.repeat) for n in names]:
+            started = time.monotonic()
+            if opts.mode == "fill":
+                result = run_fill(cluster, core, name, configs[name], tasks, model_of, total_gpus)
+                print(
+                    f"  {name}: first failure at {result.first_failure_share or 0:.1%}, "
+                    f"end {result.final_share:.1%}, {time.monotonic() - started:.0f}s",
+                    flush=True,
+                )
+            else:
+                result = run_replay(
+                    cluster,
+                    core,
+                    name,
+                    configs[name],
+                    arrivals,
+                    model_of,
+                    total_gpus,
+                    opts.patience / opts.speedup,
+                )
+                print(
+                    f"  {name}: mean GPU allocation "
+                    f"{result.mean_allocation(arrivals[-1].at):.1%}, "
+                    f"{result.gpu_failed} GPU pods failed, "
+                    f"{time.monotonic() - started:.0f}s",
+                    flush=True,
+                )
+            results.append(result)
+            clear_pods(core, stack.extender_port)
     stem = Path(opts.pods).stem.replace("openb_pod_list_", "")
     size = f"{len(nodes)} nodes, {total_gpus} GPUs, {len(tasks)} tasks"
     when = time.strftime("%Y-%m-%d %H:%M")
