@@ -63,6 +63,9 @@ def filter_nodes(
             if failure is not None and (before is None or failure.unresolvable):
                 verdicts[j] = failure
     passed, failed, unresolvable = out.passed, out.failed, out.unresolvable
+    if not verdicts and len(known) == len(nodes) == len(names):  # usual: every node passes
+        passed.extend(names)
+        return out
     j = 0
     for name, node in zip(names, nodes, strict=True):
         if node is None:

@@ -36,17 +36,20 @@ from tests.bench.trace import (  # noqa: E402
     node_manifest,
     pod_manifest,
 )
-from tests.bench.trace_replay import NAMESPACE, Outcomes, clear_pods, scheduler_configs  # noqa: E402
+from tests.bench.trace_replay import (  # noqa: E402
+    NAMESPACE,
+    clear_pods,
+    scheduler_configs,
+    scheduler_watched,
+)
 from tests.helpers import running  # noqa: E402
 
 
 def place_one_at_a_time(cluster, core, name, config, tasks) -> list[float]:  # type: ignore[no-untyped-def]
     scheduler = config["profiles"][0]["schedulerName"]
-    outcomes = Outcomes(core, scheduler)
-    proc = cluster.start_scheduler(f"scheduler-{name}", config)
-    time.sleep(2)  # informers synced
     latencies = []
-    try:
+    with scheduler_watched(cluster, core, name, config) as outcomes:
+        time.sleep(2)  # informers synced
         for task in tasks:
             manifest = pod_manifest(task, scheduler, ours=True)
             manifest["metadata"]["name"] = f"{name}-{task.name}"
@@ -56,9 +59,6 @@ def place_one_at_a_time(cluster, core, name, config, tasks) -> list[float]:  # t
             if kind != "bound":
                 raise RuntimeError(f"{manifest['metadata']['name']}: {kind}")
             latencies.append((when - created) * 1000)
-    finally:
-        outcomes.stop()
-        cluster.stop_process(proc.name)
     return latencies
 
 

@@ -28,6 +28,7 @@ replay: arrivals in trace order with their gaps divided by --compress, each boun
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import heapq
 import itertools
@@ -36,6 +37,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -159,6 +161,21 @@ def clear_pods(core: Any, extender_port: int | None) -> None:
             time.sleep(0.5)
 
 
+@contextlib.contextmanager
+def scheduler_watched(
+    cluster: LocalCluster, core: Any, name: str, config: dict[str, Any]
+) -> Iterator[Outcomes]:
+    """A kube-scheduler with this config, and a watch on the pods that name it; both
+    stopped on the way out."""
+    outcomes = Outcomes(core, config["profiles"][0]["schedulerName"])
+    proc = cluster.start_scheduler(f"scheduler-{name}", config)
+    try:
+        yield outcomes
+    finally:
+        outcomes.stop()
+        cluster.stop_process(proc.name)
+
+
 def run_fill(
     cluster: LocalCluster,
     core: Any,
@@ -169,13 +186,11 @@ def run_fill(
     total_gpus: int,
 ) -> FillResult:
     scheduler = f"trace-{name}"
-    outcomes = Outcomes(core, scheduler)
-    proc = cluster.start_scheduler(f"scheduler-{name}", config)
     result = FillResult(name, total_gpus)
     placed: list[bool] = []
     timings: list[tuple[float, float]] = []
     started = time.monotonic()
-    try:
+    with scheduler_watched(cluster, core, name, config) as outcomes:
         for i, task in enumerate(tasks):
             t0 = time.monotonic()
             core.create_namespaced_pod(
@@ -198,9 +213,6 @@ def run_fill(
                     f"{result.gpu_failed} GPU pods failed, {time.monotonic() - started:.0f}s",
                     flush=True,
                 )
-    finally:
-        outcomes.stop()
-        cluster.stop_process(proc.name)
     if timings:
         create = statistics.median(t for t, _ in timings) * 1000
         decide = statistics.median(d for _, d in timings) * 1000
@@ -221,25 +233,23 @@ def run_replay(
     """Arrivals at their compressed times; each bound pod deleted after its runtime; a
     pod still pending after ``patience`` seconds withdrawn and counted as failed."""
     scheduler = f"trace-{name}"
-    outcomes = Outcomes(core, scheduler)
-    proc = cluster.start_scheduler(f"scheduler-{name}", config)
     result = ReplayResult(name, total_gpus)
-    runtime = {a.task.name: a.runtime for a in arrivals}
+    by_name = {a.task.name: a for a in arrivals}
     # (due, order, kind, name): kind 0 departure, 1 withdrawal, 2 arrival; equal times
     # free GPUs before new pods ask for them
     due: list[tuple[float, int, int, str]] = []
     order = itertools.count()
     for arrival in arrivals:
         heapq.heappush(due, (arrival.at, next(order), 2, arrival.task.name))
-    tasks = {a.task.name: a.task for a in arrivals}
-    pool = ThreadPoolExecutor(8)
     calls: list[Future] = []
-    arrived = 0
-    start = time.monotonic()
     last_sample = -1.0
     last_progress = 0.0
-    try:
-        while arrived < len(arrivals) or result.pending:
+    with (
+        scheduler_watched(cluster, core, name, config) as outcomes,
+        ThreadPoolExecutor(8) as pool,
+    ):
+        start = time.monotonic()
+        while len(result.arrived_at) < len(arrivals) or result.pending:
             now = time.monotonic() - start
             while True:  # bindings the watch saw: their runtimes start now
                 try:
@@ -247,14 +257,13 @@ def run_replay(
                 except queue.Empty:
                     break
                 if result.bound(pod, model_of.get(node), when - start):
-                    end = when - start + runtime[pod]
+                    end = when - start + by_name[pod].runtime
                     if end != float("inf"):
                         heapq.heappush(due, (end, next(order), 0, pod))
             while due and due[0][0] <= now:
                 _, _, kind, pod = heapq.heappop(due)
                 if kind == 2:
-                    arrived += 1
-                    task = tasks[pod]
+                    task = by_name[pod].task
                     result.arrive(task, now)
                     manifest = pod_manifest(task, scheduler, ours=name == "gpu-scheduler")
                     calls.append(pool.submit(core.create_namespaced_pod, NAMESPACE, manifest))
@@ -281,10 +290,6 @@ def run_replay(
             next_due = due[0][0] if due else now + 0.05
             time.sleep(min(0.05, max(0.0, next_due - (time.monotonic() - start))))
         result.sample(time.monotonic() - start)
-    finally:
-        pool.shutdown(wait=True)
-        outcomes.stop()
-        cluster.stop_process(proc.name)
     check_calls(calls)
     return result
 

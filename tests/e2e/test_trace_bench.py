@@ -7,17 +7,12 @@ from __future__ import annotations
 import pytest
 
 from gpu_scheduler.localcluster import find_binary
-from tests.bench.trace import find_trace_dir
 
 
 @pytest.fixture
-def trace_run():
+def trace_run(openb_trace):
     if find_binary() is None:
         pytest.skip("needs the control plane")  # the stack fixture says how; CI fails there
-    try:
-        find_trace_dir()
-    except FileNotFoundError:
-        pytest.skip("the shared openb trace is not beside this checkout")
     from tests.bench.trace_replay import parse_args, run
 
     return lambda *argv: run(parse_args(list(argv)))

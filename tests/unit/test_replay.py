@@ -7,7 +7,7 @@ import math
 import pytest
 
 from tests.bench.replay import ReplayResult, percentile, replay_schedule, window_start
-from tests.bench.trace import Task, find_trace_dir, load_tasks
+from tests.bench.trace import Task, load_tasks
 
 
 def task(name, created, deleted, gpus=1, models=()):
@@ -77,14 +77,10 @@ def test_percentile_is_nearest_rank():
     assert percentile([], 0.5) is None
 
 
-def test_the_trace_alone_asks_for_about_one_percent_of_the_cluster():
+def test_the_trace_alone_asks_for_about_one_percent_of_the_cluster(openb_trace):
     """Why replay compresses arrivals: at the trace's own times the tasks never hold more
     than ~71 of the 6,212 GPUs at once."""
-    try:
-        trace = find_trace_dir()
-    except FileNotFoundError:
-        pytest.skip("the shared openb trace is not beside this checkout")
-    tasks = load_tasks(trace / "openb_pod_list_default.csv")
+    tasks = load_tasks(openb_trace / "openb_pod_list_default.csv")
     events = sorted(
         (t, g) for x in tasks if x.gpus for t, g in ((x.created, x.gpus), (x.deleted, -x.gpus))
     )

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-
 from gpu_scheduler import contract
 from tests.bench.trace import (
     FillResult,
     Task,
     TraceNode,
     fill_should_stop,
-    find_trace_dir,
     load_nodes,
     load_tasks,
     median_run,
@@ -24,20 +21,16 @@ def task(name="t", gpus=1, models=(), created=0):
     return Task(name, 4000, 8192, gpus, tuple(models), created, None)
 
 
-def test_trace_files_load():
-    try:
-        trace = find_trace_dir()
-    except FileNotFoundError:
-        pytest.skip("the shared openb trace is not beside this checkout")
-    nodes = load_nodes(trace / "openb_node_list_all_node.csv")
+def test_trace_files_load(openb_trace):
+    nodes = load_nodes(openb_trace / "openb_node_list_all_node.csv")
     assert len(nodes) == 1523
     assert sum(n.gpus for n in nodes) == 6212
-    tasks = load_tasks(trace / "openb_pod_list_default.csv")
+    tasks = load_tasks(openb_trace / "openb_pod_list_default.csv")
     assert len(tasks) == 8152
     assert [t.created for t in tasks] == sorted(t.created for t in tasks)
     sharing = [t for t in tasks if t.gpus == 1]
     assert sharing  # gpu_milli < 1000 still asks for one whole GPU
-    specs = load_tasks(trace / "openb_pod_list_gpuspec20.csv")
+    specs = load_tasks(openb_trace / "openb_pod_list_gpuspec20.csv")
     assert any(len(t.models) > 1 for t in specs)
     assert all(len(set(t.models)) == len(t.models) for t in specs)
 
@@ -106,12 +99,8 @@ def test_fill_stops_after_fifty_gpu_failures_in_a_row():
     assert not fill_should_stop([False] * 30 + [True] + [False] * 30)
 
 
-def test_multigpu20_has_no_times_and_keeps_row_order():
-    try:
-        trace = find_trace_dir()
-    except FileNotFoundError:
-        pytest.skip("the shared openb trace is not beside this checkout")
-    tasks = load_tasks(trace / "openb_pod_list_multigpu20.csv")
+def test_multigpu20_has_no_times_and_keeps_row_order(openb_trace):
+    tasks = load_tasks(openb_trace / "openb_pod_list_multigpu20.csv")
     assert [t.created for t in tasks] == list(range(len(tasks)))
     assert all(t.deleted is None and t.models == () for t in tasks)
     # resampled with more multi-GPU tasks than the default file (247 against 75)
