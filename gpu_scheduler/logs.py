@@ -1,4 +1,10 @@
-"""JSON logs on stderr: one object a line, so decisions can be counted and searched."""
+"""JSON logs on stderr: one object a line, so decisions can be counted and searched.
+
+Fields often carry values from requests (a pod name, an error quoting a label). Each
+one is cut to :data:`gpu_scheduler.textclip.LIMIT` characters and the formatter never
+raises: a line whose content cannot be written whole is written with what can be,
+and says so, instead of being lost.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +12,57 @@ import json
 import logging
 import sys
 import time
+from typing import Any
+
+from gpu_scheduler.textclip import LIMIT, clip, clip_text
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message"}
+_SCALARS = (bool, float, type(None))
+_MAX_LIST = 32
+
+
+def _field(value: Any) -> Any:
+    """A JSON-ready, bounded form of one log field."""
+    if isinstance(value, str):
+        return clip_text(value, LIMIT)
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, int):
+        return value if -(1 << 63) <= value < (1 << 64) else clip(value)
+    if (
+        isinstance(value, list | tuple)
+        and len(value) <= _MAX_LIST
+        and all(isinstance(v, str | int | float | bool) or v is None for v in value)
+    ):
+        return [_field(v) for v in value]
+    return clip(value)
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        out = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key, value in record.__dict__.items():
-            if key not in _RESERVED and not key.startswith("_"):
-                out[key] = value
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str, separators=(",", ":"))
+        stamp = (
+            time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z"
+        )
+        out: dict[str, Any] = {"ts": stamp, "level": record.levelname.lower()}
+        try:
+            out["logger"] = record.name
+            out["msg"] = clip_text(record.getMessage(), LIMIT)
+            for key, value in record.__dict__.items():
+                if key not in _RESERVED and not key.startswith("_"):
+                    out[key] = _field(value)
+            if record.exc_info:
+                out["exc"] = clip_text(self.formatException(record.exc_info), 8 * LIMIT)
+            return json.dumps(out, separators=(",", ":"))
+        except Exception as exc:  # never lose the line: keep what is safe to write
+            fallback = {
+                "ts": stamp,
+                "level": record.levelname.lower(),
+                "logger": clip_text(str(record.name), 200),
+                "msg": clip(record.msg),
+                "log_error": f"fields dropped: {type(exc).__name__}",
+            }
+            return json.dumps(fallback, separators=(",", ":"))
 
 
 def setup_logging(level: str = "INFO") -> None:

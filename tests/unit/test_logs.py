@@ -1,0 +1,54 @@
+"""JSON log lines: bounded fields, and a line is never lost because of its content."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from gpu_scheduler.logs import JsonFormatter
+from gpu_scheduler.textclip import LIMIT, clip, clip_text
+
+
+def line(msg: object = "decision", *args: object, **extra: object) -> dict:
+    record = logging.LogRecord("extender", logging.INFO, __file__, 1, msg, args, None)
+    record.__dict__.update(extra)
+    return json.loads(JsonFormatter().format(record))
+
+
+def nested(depth: int) -> object:
+    value: object = "x"
+    for _ in range(depth):
+        value = {"a": [value]}
+    return value
+
+
+def test_fields_are_cut_and_say_so():
+    out = line(pod="p" * (4 << 20), gpus=2, nodes=["a", "b"], ok=True, ms=1.5, none=None)
+    assert len(out["pod"]) < LIMIT + 64 and out["pod"].endswith("(truncated of 4194304 characters)")
+    assert out["gpus"] == 2 and out["nodes"] == ["a", "b"] and out["ok"] is True
+
+
+def test_values_that_break_repr_or_str_still_give_a_line():
+    class Hostile:
+        def __repr__(self) -> str:
+            raise RuntimeError("no")
+
+        __str__ = __repr__
+
+    out = line(gpus=10**5000, deep=nested(5000), odd=Hostile(), big=list(range(10**5)))
+    assert out["gpus"] == "<integer of about 5000 digits>"
+    assert len(out["deep"]) <= LIMIT + 64
+    assert out["odd"].startswith("<unprintable Hostile")
+    assert len(out["big"]) <= LIMIT + 64
+
+
+def test_a_message_whose_arguments_do_not_format_is_still_written():
+    out = line("%d GPUs", "not a number")
+    assert out["level"] == "info" and "log_error" in out
+
+
+def test_clip():
+    assert clip("abc") == "'abc'"
+    assert clip_text("x" * 2000, 10) == "x" * 10 + "... (truncated of 2000 characters)"
+    assert clip({"k": "v" * 5000}).endswith("(truncated)")
+    assert clip(b"bytes") == "<5 bytes>"
