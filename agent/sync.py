@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from agent.labels import Desired
 from gpu_scheduler import contract
 from gpu_scheduler.quantity import QuantityError, parse_quantity
+from gpu_scheduler.timestamps import parse_rfc3339, rfc3339
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,25 +63,10 @@ class Plan:
         return self.metadata_patch is None and self.status_patch is None
 
 
-def rfc3339(moment: datetime) -> str:
-    """``2026-11-29T14:00:00Z``: RFC 3339, UTC, whole seconds."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_heartbeat(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        stamp = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return stamp if stamp.tzinfo is not None else None
-
-
 def heartbeat_due(current: str | None, now: datetime, interval_s: float) -> bool:
     """True when the Node's heartbeat is missing, unreadable, at least ``interval_s``
     old, or in the future by more than that (a clock that jumped back)."""
-    beat = parse_heartbeat(current)
+    beat = parse_rfc3339(current)
     if beat is None:
         return True
     age = (now - beat).total_seconds()

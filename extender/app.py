@@ -3,25 +3,114 @@
 Built by :func:`create_app`, the gunicorn app factory. ``node_source="args"`` decides
 from the Node objects in each request; ``"cluster"`` from the :class:`ClusterCache`
 (list+watch), which the factory starts in the worker that serves the requests.
+
+The input contract (README, "Bad input"): a malformed *envelope* (not JSON, ``Pod``
+not an object, ``Nodes``/``NodeNames`` of the wrong shape, a node without a name) is
+a 400 with a JSON reason. A malformed field *inside* the Pod fails every node with a
+reason naming the field (scores 0); a malformed field inside one Node fails that node
+in ``FailedAndUnresolvableNodes``. Nothing a client sends makes it answer 5xx.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from flask import Flask, Response
 
 from extender import metrics, wire
 from extender.cache import ClusterCache, StaticView
 from extender.config import ExtenderConfig, load_config
-from extender.engine import filter_nodes, score_nodes
-from extender.model import NodeFacts, node_facts, pod_facts
-from extender.policies import ClusterView, build_policies
+from extender.engine import FilterOutcome, filter_nodes, score_nodes
+from extender.model import NodeFacts, PodFacts, node_facts, pod_facts
+from extender.policies import ClusterView, Policy, build_policies
 from gpu_scheduler.http import BadInput, install_ops_endpoints, json_response, read_json_body
 
 log = logging.getLogger("extender")
+
+UNECHOABLE = (
+    "the Node object nests too deep for the extender to send it back "
+    "(orjson's limit is 255 levels); it cannot be placed through this extender"
+)
+
+
+@dataclass
+class _Request:
+    """One extender call, parsed: the candidates in order with their facts."""
+
+    args: wire.ExtenderArgs
+    pod: PodFacts
+    nodes: list[NodeFacts | None]
+    view: ClusterView
+
+
+class Decider:
+    """Everything a call needs besides the HTTP: config, policies, the node source."""
+
+    def __init__(self, cfg: ExtenderConfig, cache: ClusterCache | None) -> None:
+        self.cfg = cfg
+        self.cache = cache
+        self.policies: list[Policy] = build_policies(cfg)
+        self.static = StaticView()
+
+    def parse(self, payload: Any) -> _Request:
+        args = wire.parse_args(payload)
+        pod = pod_facts(args.pod, self.cfg.default_placement)
+        view: ClusterView = self.cache if self.cache is not None else self.static
+        if args.nodes is not None:
+            return _Request(args, pod, [node_facts(node) for node in args.nodes], view)
+        if self.cache is None:
+            raise BadInput(
+                "NodeNames sent, but this extender runs with --node-source args: set "
+                "nodeCacheCapable: false in the scheduler's extender config, or run "
+                "the extender with --node-source cluster"
+            )
+        return _Request(args, pod, self.cache.lookup(args.names), view)
+
+    def filter(self, req: _Request) -> tuple[bytes, dict[str, Any]]:
+        outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
+        body = _dump_filter_result(req.args, outcome)
+        metrics.NODES.labels("passed").inc(len(outcome.passed))
+        metrics.NODES.labels("failed").inc(len(outcome.failed))
+        metrics.NODES.labels("unresolvable").inc(len(outcome.unresolvable))
+        return body, {
+            "passed": len(outcome.passed),
+            "failed": len(outcome.failed),
+            "unresolvable": len(outcome.unresolvable),
+        }
+
+    def prioritize(self, req: _Request) -> tuple[bytes, dict[str, Any]]:
+        scores = score_nodes(req.pod, req.nodes, req.view, self.policies, self.cfg)
+        best = scores.index(max(scores)) if scores else None
+        body = orjson.dumps(wire.host_priorities(req.args.names, scores))
+        return body, {
+            "best": req.args.names[best] if best is not None else None,
+            "top": scores[best] if best is not None else None,
+        }
+
+
+def _dump_filter_result(args: wire.ExtenderArgs, outcome: FilterOutcome) -> bytes:
+    """The answer's bytes. A passing Node object too deep to serialise (possible only
+    in args mode, where the objects are echoed) is moved to the unresolvable ones."""
+    try:
+        return orjson.dumps(wire.filter_result(args, outcome))
+    except orjson.JSONEncodeError:
+        pass
+    by_name = dict(zip(args.names, args.nodes or (), strict=False))
+    keep: list[str] = []
+    for name in outcome.passed:
+        try:
+            orjson.dumps(by_name.get(name))
+        except orjson.JSONEncodeError:
+            outcome.unresolvable[name] = UNECHOABLE
+        else:
+            keep.append(name)
+    outcome.passed = keep
+    return orjson.dumps(wire.filter_result(args, outcome))
 
 
 def create_app(
@@ -38,8 +127,7 @@ def create_app(
 
         cache = ClusterCache()
         cache.start(core_api(kubeconfig))
-    policies = build_policies(cfg)
-    static = StaticView()
+    decider = Decider(cfg, cache)
     app = Flask("extender")
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
 
@@ -48,86 +136,41 @@ def create_app(
 
     install_ops_endpoints(app, ready)
 
-    def candidates(args: wire.ExtenderArgs) -> tuple[list[NodeFacts | None], ClusterView]:
-        view: ClusterView = cache if cache is not None else static
-        if args.nodes is not None:
-            try:
-                return [node_facts(node) for node in args.nodes], view
-            except ValueError as exc:
-                raise BadInput(f"ExtenderArgs.Nodes: {exc}") from exc
-        if cache is None:
-            raise BadInput(
-                "NodeNames sent, but this extender runs with --node-source args: set "
-                "nodeCacheCapable: false in the scheduler's extender config, or run "
-                "the extender with --node-source cluster"
-            )
-        return cache.lookup(args.names), view
-
-    def decide(verb: str) -> tuple[wire.ExtenderArgs, Any, list[NodeFacts | None], ClusterView]:
-        args = wire.parse_args(read_json_body(cfg.max_body_bytes))
+    def serve(verb: str, decide: Callable[[_Request], tuple[bytes, dict[str, Any]]]) -> Response:
+        started = time.perf_counter()
         try:
-            pod = pod_facts(args.pod, cfg.default_placement)
-        except ValueError as exc:
-            raise BadInput(f"ExtenderArgs.Pod: {exc}") from exc
-        nodes, view = candidates(args)
-        return args, pod, nodes, view
+            req = decider.parse(read_json_body(cfg.max_body_bytes))
+        except BadInput as exc:
+            metrics.REQUESTS.labels(verb, "400").inc()
+            log.info("bad extender call", extra={"verb": verb, "error": str(exc)})
+            body = {"error": str(exc)}
+            if verb == "filter":
+                body |= wire.error_result("the request was malformed; see error")
+            return json_response(body, 400)
+        payload, details = decide(req)
+        elapsed = time.perf_counter() - started
+        metrics.LATENCY.labels(verb).observe(elapsed)
+        metrics.REQUESTS.labels(verb, "200").inc()
+        log.info(
+            verb,
+            extra={
+                "pod": req.pod.key,
+                "gpus": req.pod.gpus,
+                "nodes": len(req.args.names),
+                **details,
+                "pod_error": req.pod.error,
+                "ms": round(elapsed * 1000, 3),
+            },
+        )
+        return Response(payload, mimetype="application/json")
 
     @app.post("/filter")
     def filter_() -> Response:
-        started = time.perf_counter()
-        try:
-            args, pod, nodes, view = decide("filter")
-        except BadInput as exc:
-            metrics.REQUESTS.labels("filter", "400").inc()
-            return json_response(wire.error_result(str(exc)) | {"error": str(exc)}, 400)
-        outcome = filter_nodes(pod, args.names, nodes, view, policies)
-        body = wire.filter_result(args, outcome)
-        elapsed = time.perf_counter() - started
-        metrics.LATENCY.labels("filter").observe(elapsed)
-        metrics.REQUESTS.labels("filter", "200").inc()
-        metrics.NODES.labels("passed").inc(len(outcome.passed))
-        metrics.NODES.labels("failed").inc(len(outcome.failed))
-        metrics.NODES.labels("unresolvable").inc(len(outcome.unresolvable))
-        log.info(
-            "filter",
-            extra={
-                "pod": pod.key,
-                "gpus": pod.gpus,
-                "nodes": len(args.names),
-                "passed": len(outcome.passed),
-                "failed": len(outcome.failed),
-                "unresolvable": len(outcome.unresolvable),
-                "ms": round(elapsed * 1000, 3),
-            },
-        )
-        return json_response(body)
+        return serve("filter", decider.filter)
 
     @app.post("/prioritize")
     def prioritize() -> Response:
-        started = time.perf_counter()
-        try:
-            args, pod, nodes, view = decide("prioritize")
-        except BadInput as exc:
-            metrics.REQUESTS.labels("prioritize", "400").inc()
-            return json_response({"error": str(exc)}, 400)
-        scores = score_nodes(pod, nodes, view, policies, cfg)
-        body = wire.host_priorities(args.names, scores)
-        elapsed = time.perf_counter() - started
-        metrics.LATENCY.labels("prioritize").observe(elapsed)
-        metrics.REQUESTS.labels("prioritize", "200").inc()
-        best = scores.index(max(scores)) if scores else None
-        log.info(
-            "prioritize",
-            extra={
-                "pod": pod.key,
-                "gpus": pod.gpus,
-                "nodes": len(args.names),
-                "best": args.names[best] if best is not None else None,
-                "top": scores[best] if best is not None else None,
-                "ms": round(elapsed * 1000, 3),
-            },
-        )
-        return json_response(body)
+        return serve("prioritize", decider.prioritize)
 
     app.extensions["gpu_scheduler"] = {"cache": cache, "config": cfg}
     return app

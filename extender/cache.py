@@ -18,7 +18,7 @@ from typing import Any
 from extender import metrics
 from extender.model import NodeFacts, node_facts, parse_products
 from gpu_scheduler import contract
-from gpu_scheduler.quantity import QuantityError
+from gpu_scheduler.fields import FieldError
 
 log = logging.getLogger(__name__)
 
@@ -64,25 +64,45 @@ class _PodRecord:
 
 
 def pod_record(pod: Mapping[str, Any]) -> tuple[str, _PodRecord] | None:
-    """(uid, record) for a bound pod worth keeping, else None."""
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    node = spec.get("nodeName")
-    uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
-    if not node or (pod.get("status") or {}).get("phase") in contract.TERMINAL_PHASES:
+    """(uid, record) for a bound pod worth keeping, else None. Never raises: a pod
+    whose GPU request cannot be read counts as asking for none."""
+    meta = pod.get("metadata")
+    spec = pod.get("spec")
+    status = pod.get("status")
+    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
         return None
+    node = spec.get("nodeName")
+    if not isinstance(node, str) or not node:
+        return None
+    if isinstance(status, Mapping) and status.get("phase") in contract.TERMINAL_PHASES:
+        return None
+    uid = _pod_uid(meta)
     try:
         gpus = contract.pod_gpu_request(spec)
-    except QuantityError:
+    except FieldError:
         gpus = 0
-    annotations = meta.get("annotations") or {}
+    annotations = meta.get("annotations")
+    annotations = annotations if isinstance(annotations, Mapping) else {}
     group_name = annotations.get(contract.ANN_GROUP)
-    group = (sys.intern(meta.get("namespace") or "default"), group_name) if group_name else None
+    namespace = meta.get("namespace")
+    group = None
+    if isinstance(group_name, str) and group_name:
+        group = (sys.intern(namespace if isinstance(namespace, str) else "default"), group_name)
     if gpus == 0 and group is None:
         return None
-    products = parse_products(annotations.get(contract.ANN_GPU_PRODUCTS)) if gpus else None
+    raw = annotations.get(contract.ANN_GPU_PRODUCTS)
+    products = parse_products(raw) if gpus and isinstance(raw, str) else None
     restricted = tuple(sorted(sys.intern(p) for p in products)) if products else None
     return uid, _PodRecord(sys.intern(node), gpus, group, restricted)
+
+
+def _pod_uid(meta: Any) -> str:
+    if not isinstance(meta, Mapping):
+        return ""
+    uid = meta.get("uid")
+    if isinstance(uid, str) and uid:
+        return uid
+    return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
 class ClusterCache:
@@ -158,7 +178,7 @@ class ClusterCache:
         for item in items:
             try:
                 facts = node_facts(item)
-            except ValueError as exc:
+            except FieldError as exc:
                 log.warning("skipping unreadable node", extra={"error": str(exc)})
                 continue
             fresh[facts.name] = facts
@@ -174,11 +194,12 @@ class ClusterCache:
     def node_event(self, kind: str, obj: Mapping[str, Any]) -> None:
         facts = None
         if kind == "DELETED":
-            name = (obj.get("metadata") or {}).get("name")
+            meta = obj.get("metadata")
+            name = meta.get("name") if isinstance(meta, Mapping) else None
         else:
             try:
                 facts = node_facts(obj)
-            except ValueError as exc:
+            except FieldError as exc:
                 log.warning("skipping unreadable node", extra={"error": str(exc)})
                 return
             name = facts.name
@@ -217,8 +238,7 @@ class ClusterCache:
         metrics.CACHE_OBJECTS.labels("pods").set(len(records))
 
     def pod_event(self, kind: str, obj: Mapping[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
+        uid = _pod_uid(obj.get("metadata"))
         new = None if kind == "DELETED" else pod_record(obj)
         with self._lock:
             old = self._pods.pop(uid, None)

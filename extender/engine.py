@@ -44,7 +44,7 @@ def filter_nodes(
         reason = f"pod cannot be placed as asked: {pod.error}"
         out.unresolvable = dict.fromkeys(names, reason)
         return out
-    known = [node for node in nodes if node is not None]
+    known = [node for node in nodes if node is not None and node.error is None]
     verdicts: dict[int, Failure] = {}  # position in ``known`` -> first failure
     for policy in policies:
         state = policy.pre_filter(pod, view)
@@ -71,6 +71,9 @@ def filter_nodes(
         if node is None:
             failed[name] = UNKNOWN_NODE
             continue
+        if node.error is not None:
+            unresolvable[name] = node.error
+            continue
         verdict = verdicts.get(j)
         j += 1
         if verdict is None:
@@ -89,11 +92,11 @@ def score_nodes(
     policies: Sequence[Policy],
     cfg: ExtenderConfig,
 ) -> list[int]:
-    """Integer scores 0..10, one per node (0 for unknown nodes)."""
+    """Integer scores 0..10, one per node (0 for unknown and unreadable nodes)."""
     count = len(nodes)
     if pod.error is not None or count == 0:
         return [0] * count
-    where = [i for i, node in enumerate(nodes) if node is not None]
+    where = [i for i, node in enumerate(nodes) if node is not None and node.error is None]
     if not where:
         return [0] * count
     known = [nodes[i] for i in where]

@@ -10,16 +10,24 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from gpu_scheduler import contract
-from gpu_scheduler.quantity import QuantityError, parse_quantity
+from gpu_scheduler.fields import FieldError, expect_object, object_at, string_at
+from gpu_scheduler.quantity import QuantityError, parse_count, type_name
+from gpu_scheduler.textclip import clip
+from gpu_scheduler.timestamps import rfc3339_seconds
 
 PLACEMENTS = ("binpack", "spread")
 SPOT_PREFERENCES = ("prefer", "avoid", "require", "forbid")
 
 _intern = sys.intern
+#: Longest Node name (a DNS subdomain) and namespace/name of a pod we keep.
+MAX_NAME = 253
+#: More GPUs than any node has; bigger counts are clamped so arithmetic stays small.
+MAX_GPUS = 1 << 20
+#: ``gpu-products``: at most this many products, each a label value (<= 63 characters).
+MAX_PRODUCTS = 64
 
 
 class NodeFacts:
@@ -28,6 +36,7 @@ class NodeFacts:
     __slots__ = (
         "allocatable",
         "capacity_type",
+        "error",
         "heartbeat",
         "labelled_gpu",
         "memory_mib",
@@ -47,6 +56,7 @@ class NodeFacts:
         capacity_type: str | None = None,
         zone: str | None = None,
         heartbeat: float | None = None,
+        error: str | None = None,
     ) -> None:
         self.name = name
         self.allocatable = allocatable
@@ -56,6 +66,9 @@ class NodeFacts:
         self.capacity_type = capacity_type
         self.zone = zone
         self.heartbeat = heartbeat
+        #: Why the Node object could not be read (a field of the wrong type): the
+        #: node then fails every pod with this reason.
+        self.error = error
 
     @property
     def has_gpus(self) -> bool:
@@ -75,47 +88,56 @@ def _opt_intern(value: str | None) -> str | None:
     return _intern(value) if value else None
 
 
-def parse_rfc3339(value: str) -> float | None:
-    """Seconds since the epoch for an RFC 3339 timestamp, or None if unreadable."""
-    try:
-        stamp = datetime.fromisoformat(value)
-    except (TypeError, ValueError):
-        return None
-    if stamp.tzinfo is None:
-        return None
-    return stamp.timestamp()
+def node_facts(node: Any) -> NodeFacts:
+    """Facts from a Node object in its JSON form.
 
-
-def node_facts(node: Mapping[str, Any]) -> NodeFacts:
-    """Facts from a Node object in its JSON form. Raises ValueError if it is no Node."""
+    Raises :class:`FieldError` only when the node has no usable ``metadata.name``
+    (nothing can even be said about it). Any other field of the wrong type gives facts
+    whose ``error`` names the field, so that node fails with that reason.
+    """
+    if not isinstance(node, Mapping):
+        raise FieldError("node", f"must be an object, not {type_name(node)}")
     meta = node.get("metadata")
-    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
-        raise ValueError("node without metadata.name")
-    labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
-    status = node.get("status") or {}
-    if not isinstance(labels, Mapping) or not isinstance(annotations, Mapping):
-        raise ValueError(f"node {meta['name']}: labels and annotations must be objects")
-    if not isinstance(status, Mapping):
-        raise ValueError(f"node {meta['name']}: status must be an object")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
+        raise FieldError("metadata.name", f"must be a node name (1..{MAX_NAME} characters)")
+    try:
+        return _node_facts(_intern(name), meta, node)  # type: ignore[arg-type]
+    except FieldError as exc:
+        return NodeFacts(_intern(name), error=f"the Node object is malformed: {exc}")
+
+
+def _node_facts(name: str, meta: Mapping[str, Any], node: Mapping[str, Any]) -> NodeFacts:
+    labels = object_at(meta, "labels", "metadata.labels")
+    annotations = object_at(meta, "annotations", "metadata.annotations")
+    status = object_at(node, "status", "status")
+    raw = object_at(status, "allocatable", "status.allocatable").get(contract.RESOURCE_GPU)
     allocatable = 0
-    raw = (status.get("allocatable") or {}).get(contract.RESOURCE_GPU)
     if raw is not None:
         try:
-            allocatable = max(0, int(parse_quantity(raw)))
-        except QuantityError:
-            allocatable = 0
-    heartbeat = annotations.get(contract.ANN_HEARTBEAT)
+            allocatable = parse_count(raw, "allocatable GPUs")
+        except QuantityError as exc:
+            raise FieldError(f'status.allocatable["{contract.RESOURCE_GPU}"]', str(exc)) from None
+
+    def label(key: str) -> str | None:
+        return string_at(labels, key, f'metadata.labels["{key}"]')
+
+    heartbeat = string_at(
+        annotations, contract.ANN_HEARTBEAT, f'metadata.annotations["{contract.ANN_HEARTBEAT}"]'
+    )
+    present = label(contract.LABEL_GPU_PRESENT)
+    label(contract.LABEL_GPU_MEMORY)
+    label(contract.LABEL_EKS_CAPACITY_TYPE)
+    label(contract.LABEL_KARPENTER_CAPACITY_TYPE)
     return NodeFacts(
-        _intern(meta["name"]),
-        allocatable,
-        labelled_gpu=labels.get(contract.LABEL_GPU_PRESENT) == "true"
-        or contract.LABEL_GPU_COUNT in labels,
+        name,
+        min(allocatable, MAX_GPUS),
+        labelled_gpu=present == "true" or contract.LABEL_GPU_COUNT in labels,
         memory_mib=contract.node_gpu_memory_mib(labels),
-        product=_opt_intern(labels.get(contract.LABEL_GPU_PRODUCT)),
+        product=_opt_intern(label(contract.LABEL_GPU_PRODUCT)),
         capacity_type=contract.capacity_type(labels),
-        zone=_opt_intern(labels.get(contract.LABEL_ZONE)),
-        heartbeat=parse_rfc3339(heartbeat) if isinstance(heartbeat, str) else None,
+        zone=_opt_intern(label(contract.LABEL_ZONE)),
+        heartbeat=rfc3339_seconds(heartbeat),
     )
 
 
@@ -138,65 +160,82 @@ class PodFacts:
         return f"{self.namespace}/{self.name}"
 
 
-def parse_products(raw: Any) -> frozenset[str] | None:
+def parse_products(raw: str) -> frozenset[str] | None:
     """``gpu-scheduler.io/gpu-products``: a comma list of product label values."""
-    if raw is None:
-        return None
-    return frozenset(p.strip() for p in str(raw).split(",") if p.strip()) or None
+    return frozenset(p.strip() for p in raw.split(",") if p.strip()) or None
+
+
+def _bounded_name(value: Any, fallback: str) -> str:
+    """A namespace or name for logs and keys: the string if it is a sane one."""
+    if isinstance(value, str) and 0 < len(value) <= MAX_NAME:
+        return value
+    return fallback if value is None or value == "" else clip(value, 64)
 
 
 def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> PodFacts:
-    """Facts from a Pod in its JSON form. Raises ValueError if it is no Pod at all.
+    """Facts from a Pod in its JSON form. Never raises.
 
-    A malformed knob does not raise: it is reported in ``error`` so that the pod stays
-    Pending with a reason its owner can act on.
+    A field of the wrong type or a malformed knob is reported in ``error``, so that
+    every node fails with a reason the pod's owner (or the client that sent it) can
+    act on, and the pod stays Pending.
     """
     meta = pod.get("metadata")
-    spec = pod.get("spec")
-    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
-        raise ValueError("Pod needs metadata and spec objects")
-    annotations = meta.get("annotations") or {}
-    if not isinstance(annotations, Mapping):
-        raise ValueError("Pod metadata.annotations must be an object")
-    namespace = str(meta.get("namespace") or "default")
-    name = str(meta.get("name") or meta.get("generateName") or "")
+    meta_map = meta if isinstance(meta, Mapping) else {}
+    namespace = _bounded_name(meta_map.get("namespace"), "default")
+    name = _bounded_name(meta_map.get("name") or meta_map.get("generateName"), "")
     try:
-        gpus = contract.pod_gpu_request(spec)
-    except QuantityError as exc:
-        raise ValueError(f"Pod resources: {exc}") from exc
+        meta = expect_object(meta, "metadata")
+        annotations = object_at(meta, "annotations", "metadata.annotations")
+        gpus = contract.pod_gpu_request(pod.get("spec"))
+    except FieldError as exc:
+        return PodFacts(namespace, name, 0, error=f"the Pod object is malformed: {exc}")
     errors: list[str] = []
 
+    def annotation(key: str) -> str | None:
+        value = annotations.get(key)
+        if value is None or isinstance(value, str):
+            return value
+        errors.append(f"{key} must be a string, not {type_name(value)}")
+        return None
+
     min_memory = None
-    raw = annotations.get(contract.ANN_MIN_GPU_MEMORY)
+    raw = annotation(contract.ANN_MIN_GPU_MEMORY)
     if raw is not None:
         try:
             min_memory = contract.parse_mib(raw)
-        except (QuantityError, ValueError):
+        except QuantityError as exc:
             errors.append(
-                f"{contract.ANN_MIN_GPU_MEMORY}={raw!r} is not a memory size "
-                "(use e.g. 40Gi, or MiB as an integer)"
+                f"{contract.ANN_MIN_GPU_MEMORY}={clip(raw)} is not a memory size "
+                f"(use e.g. 40Gi, 80G, or MiB as an integer): {exc}"
             )
 
     products = None
-    raw = annotations.get(contract.ANN_GPU_PRODUCTS)
+    raw = annotation(contract.ANN_GPU_PRODUCTS)
     if raw is not None:
         products = parse_products(raw)
         if products is None:
             errors.append(f"{contract.ANN_GPU_PRODUCTS} is empty")
+        elif len(products) > MAX_PRODUCTS or max(map(len, products)) > 63:
+            errors.append(
+                f"{contract.ANN_GPU_PRODUCTS}={clip(raw)}: at most {MAX_PRODUCTS} "
+                "products, each a label value of at most 63 characters"
+            )
+            products = None
 
-    placement = annotations.get(contract.ANN_PLACEMENT, default_placement)
+    placement = annotation(contract.ANN_PLACEMENT)
+    placement = default_placement if placement is None else placement
     if placement not in PLACEMENTS:
-        errors.append(f"{contract.ANN_PLACEMENT}={placement!r}: use binpack or spread")
+        errors.append(f"{contract.ANN_PLACEMENT}={clip(placement)}: use binpack or spread")
         placement = default_placement
 
-    spot = annotations.get(contract.ANN_SPOT)
+    spot = annotation(contract.ANN_SPOT)
     if spot is not None and spot not in SPOT_PREFERENCES:
-        errors.append(f"{contract.ANN_SPOT}={spot!r}: use prefer, avoid, require or forbid")
+        errors.append(f"{contract.ANN_SPOT}={clip(spot)}: use prefer, avoid, require or forbid")
         spot = None
     if spot is None and gpus > 0:
         spot = "avoid"
 
-    group = annotations.get(contract.ANN_GROUP) or None
+    group = annotation(contract.ANN_GROUP) or None
     return PodFacts(
         namespace=namespace,
         name=name,
@@ -205,6 +244,6 @@ def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> Pod
         products=products,
         placement=placement,
         spot=spot,
-        group=str(group) if group else None,
+        group=group,
         error="; ".join(errors) or None,
     )

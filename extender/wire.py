@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.engine import FilterOutcome
+from extender.model import MAX_NAME
 from gpu_scheduler.http import BadInput
+from gpu_scheduler.quantity import type_name
+from gpu_scheduler.textclip import clip
 
 
 def _field(obj: Mapping[str, Any], name: str) -> Any:
@@ -37,31 +40,46 @@ class ExtenderArgs:
 
 
 def parse_args(payload: Any) -> ExtenderArgs:
+    """The envelope: ``Pod`` an object, and ``Nodes.items`` objects or ``NodeNames``
+    strings, each with a node name. Anything else is :class:`BadInput` (HTTP 400);
+    what is inside the Pod and the Node objects is the policies' to judge."""
     if not isinstance(payload, dict):
-        raise BadInput("ExtenderArgs must be a JSON object")
+        raise BadInput(f"ExtenderArgs must be a JSON object, not {type_name(payload)}")
     pod = _field(payload, "Pod")
     if not isinstance(pod, dict):
-        raise BadInput("ExtenderArgs.Pod is missing or not an object")
+        raise BadInput(f"ExtenderArgs.Pod must be an object, not {type_name(pod)}")
     nodes_field = _field(payload, "Nodes")
     names_field = _field(payload, "NodeNames")
     if nodes_field is not None:
         if not isinstance(nodes_field, dict):
-            raise BadInput("ExtenderArgs.Nodes must be a NodeList object")
-        items = nodes_field.get("items") or []
+            raise BadInput(
+                f"ExtenderArgs.Nodes must be a NodeList object, not {type_name(nodes_field)}"
+            )
+        items = nodes_field.get("items")
+        items = [] if items is None else items
         if not isinstance(items, list):
-            raise BadInput("ExtenderArgs.Nodes.items must be a list")
+            raise BadInput(f"ExtenderArgs.Nodes.items must be an array, not {type_name(items)}")
         names = []
-        for item in items:
-            name = (item.get("metadata") or {}).get("name") if isinstance(item, dict) else None
-            if not isinstance(name, str):
-                raise BadInput("every node in ExtenderArgs.Nodes.items needs metadata.name")
-            names.append(name)
+        for i, item in enumerate(items):
+            meta = item.get("metadata") if isinstance(item, dict) else None
+            name = meta.get("name") if isinstance(meta, dict) else None
+            names.append(_node_name(name, f"ExtenderArgs.Nodes.items[{i}].metadata.name"))
         return ExtenderArgs(pod, items, names)
     if names_field is not None:
-        if not isinstance(names_field, list) or not set(map(type, names_field)) <= {str}:
-            raise BadInput("ExtenderArgs.NodeNames must be a list of strings")
+        if not isinstance(names_field, list):
+            raise BadInput(
+                f"ExtenderArgs.NodeNames must be an array, not {type_name(names_field)}"
+            )
+        for i, name in enumerate(names_field):
+            _node_name(name, f"ExtenderArgs.NodeNames[{i}]")
         return ExtenderArgs(pod, None, names_field)
     raise BadInput("ExtenderArgs carries neither Nodes nor NodeNames")
+
+
+def _node_name(name: Any, path: str) -> str:
+    if isinstance(name, str) and 0 < len(name) <= MAX_NAME:
+        return name
+    raise BadInput(f"{path} must be a node name of 1..{MAX_NAME} characters, not {clip(name, 80)}")
 
 
 def filter_result(args: ExtenderArgs, outcome: FilterOutcome) -> dict[str, Any]:

@@ -8,11 +8,15 @@ resources: import from here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from gpu_scheduler.quantity import QuantityError, parse_quantity
+from gpu_scheduler.fields import FieldError, expect_object, key_path, list_at, object_at
+from gpu_scheduler.quantity import QuantityError, parse_quantity, type_name
+from gpu_scheduler.textclip import clip
+
+_ZERO = Decimal(0)
 
 # --- resources ---------------------------------------------------------------------
 RESOURCE_GPU = "nvidia.com/gpu"
@@ -86,21 +90,21 @@ GPU_TOLERATION: dict[str, str] = {
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
-def container_request(container: Mapping[str, Any], resource: str) -> Decimal:
+def container_request(container: Mapping[str, Any], resource: str, path: str) -> Decimal:
     """A container's request for ``resource``; a limit implies the request.
 
     The API server defaults a missing request to the limit, and extended resources
     cannot be overcommitted, so ``limits`` alone counts exactly like ``requests``.
-    Raises :class:`QuantityError` for a value that is not a quantity.
+    Raises :class:`FieldError` naming the field for a wrong type or a value that is
+    not a non-negative quantity.
     """
-    resources = container.get("resources") or {}
-    requests = resources.get("requests") or {}
-    value = requests.get(resource)
-    if value is None:
-        value = (resources.get("limits") or {}).get(resource)
-    if value is None:
-        return Decimal(0)
-    return parse_quantity(value)
+    resources = object_at(container, "resources", f"{path}.resources")
+    for kind in ("requests", "limits"):
+        where = f"{path}.resources.{kind}"
+        value = object_at(resources, kind, where).get(resource)
+        if value is not None:
+            return _quantity(value, key_path(where, resource))
+    return _ZERO
 
 
 def pod_request(spec: Mapping[str, Any], resource: str) -> Decimal:
@@ -111,15 +115,18 @@ def pod_request(spec: Mapping[str, Any], resource: str) -> Decimal:
     ``k8s.io/component-helpers/resource.PodRequests``: restartable (sidecar) init
     containers keep running beside the app containers, so they add to the sum; a plain
     init container runs alone, beside only the sidecars started before it.
+    Raises :class:`FieldError` naming the first malformed field.
     """
-    total = sum(
-        (container_request(c, resource) for c in _containers(spec.get("containers"))),
-        Decimal(0),
-    )
-    sidecars = Decimal(0)
-    init_peak = Decimal(0)
-    for init in _containers(spec.get("initContainers")):
-        own = container_request(init, resource)
+    total = _ZERO
+    for i, container in enumerate(list_at(spec, "containers", "spec.containers")):
+        where = f"spec.containers[{i}]"
+        total += container_request(expect_object(container, where), resource, where)
+    sidecars = _ZERO
+    init_peak = _ZERO
+    for i, init in enumerate(list_at(spec, "initContainers", "spec.initContainers")):
+        where = f"spec.initContainers[{i}]"
+        init = expect_object(init, where)
+        own = container_request(init, resource, where)
         if init.get("restartPolicy") == "Always":
             total += own
             sidecars += own
@@ -128,61 +135,77 @@ def pod_request(spec: Mapping[str, Any], resource: str) -> Decimal:
             during = own + sidecars
         init_peak = max(init_peak, during)
     total = max(total, init_peak)
-    overhead = (spec.get("overhead") or {}).get(resource)
+    overhead = object_at(spec, "overhead", "spec.overhead").get(resource)
     if overhead is not None:
-        total += parse_quantity(overhead)
+        total += _quantity(overhead, key_path("spec.overhead", resource))
     return total
 
 
-def pod_gpu_request(spec: Mapping[str, Any] | None) -> int:
+def pod_gpu_request(spec: Any) -> int:
     """How many whole GPUs (``nvidia.com/gpu``) a pod spec requests.
 
-    ``spec`` is the pod's ``spec`` in its JSON form. Raises :class:`QuantityError` for
-    a malformed or fractional quantity (the API server rejects those too).
+    ``spec`` is the pod's ``spec`` in its JSON form. Raises :class:`FieldError` for a
+    malformed field, or a negative or fractional quantity (the API server rejects
+    those too).
     """
-    if not spec:
+    if spec is None:
         return 0
-    value = pod_request(spec, RESOURCE_GPU)
+    value = pod_request(expect_object(spec, "spec"), RESOURCE_GPU)
     if value != value.to_integral_value():
-        raise QuantityError(f"{RESOURCE_GPU} must be a whole number, got {value}")
+        raise FieldError(
+            f"{RESOURCE_GPU} request", f"must be a whole number, got {value}", wrong_type=False
+        )
     return int(value)
 
 
-def _containers(value: Any) -> Iterable[Mapping[str, Any]]:
-    if not value:
-        return ()
-    if not isinstance(value, list):
-        raise QuantityError("containers must be a list")
-    return [c for c in value if isinstance(c, Mapping)]
+def _quantity(value: Any, path: str) -> Decimal:
+    try:
+        quantity = parse_quantity(value)
+    except QuantityError as exc:
+        wrong_type = not isinstance(value, str | int | float) or isinstance(value, bool)
+        raise FieldError(path, str(exc), wrong_type=wrong_type) from None
+    if quantity < 0:
+        raise FieldError(path, f"must not be negative, got {clip(value)}", wrong_type=False)
+    return quantity
 
 
-def parse_mib(value: str) -> int:
-    """GPU memory as a user writes it: ``40Gi``/``80G``/``512Mi``, or a plain MiB integer."""
-    text = str(value).strip()
-    if text.isdigit():
+def parse_mib(value: Any) -> int:
+    """GPU memory as a user writes it: ``40Gi``/``80G``/``512Mi``, or a plain MiB integer.
+
+    Raises :class:`QuantityError` for anything else (a negative size included).
+    """
+    if not isinstance(value, str):
+        raise QuantityError(f"a memory size must be a string, not {type_name(value)}")
+    text = value.strip()
+    if text.isascii() and text.isdigit():
+        if len(text) > 18:
+            raise QuantityError(f"memory size {clip(text)} is beyond 2**63-1")
         return int(text)
     quantity = parse_quantity(text)
     if quantity < 0:
-        raise QuantityError(f"memory must not be negative: {value!r}")
+        raise QuantityError(f"memory must not be negative: {clip(value)}")
     return int(quantity / (1 << 20))
 
 
-def capacity_type(labels: Mapping[str, str]) -> str | None:
+def capacity_type(labels: Mapping[str, Any]) -> str | None:
     """``spot`` or ``on-demand`` from the well-known capacity-type labels, else None."""
     eks = labels.get(LABEL_EKS_CAPACITY_TYPE)
-    if eks:
+    if eks and isinstance(eks, str):
         return "spot" if eks.upper() == "SPOT" else "on-demand"
     karpenter = labels.get(LABEL_KARPENTER_CAPACITY_TYPE)
-    if karpenter:
+    if karpenter and isinstance(karpenter, str):
         return "spot" if karpenter.lower() == "spot" else "on-demand"
     return None
 
 
-def node_gpu_memory_mib(labels: Mapping[str, str]) -> int | None:
-    """MiB per GPU from ``nvidia.com/gpu.memory``, falling back to the legacy label."""
+def node_gpu_memory_mib(labels: Mapping[str, Any]) -> int | None:
+    """MiB per GPU from ``nvidia.com/gpu.memory``, falling back to the legacy label.
+
+    None when neither carries a plain decimal integer (label values are at most 63
+    characters, so the integer is bounded)."""
     for key in (LABEL_GPU_MEMORY, LABEL_GPU_MEMORY_LEGACY):
         value = labels.get(key)
-        if value is not None and value.isdigit():
+        if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
             return int(value)
     return None
 

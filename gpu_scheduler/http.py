@@ -7,6 +7,7 @@ when ``PROMETHEUS_MULTIPROC_DIR`` is set, as :mod:`gpu_scheduler.serving` does).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -22,9 +23,20 @@ from prometheus_client import (
 )
 from werkzeug.exceptions import HTTPException
 
+from gpu_scheduler.textclip import clip_text
+
+log = logging.getLogger(__name__)
+
+#: The longest error message an answer carries.
+MAX_MESSAGE = 2048
+
 
 class BadInput(ValueError):
-    """Input the caller must fix: answered with 400 and this message."""
+    """Input the caller must fix: answered with 400 and this message (cut to a bound:
+    values in it come from the request)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(clip_text(message, MAX_MESSAGE))
 
 
 def json_response(payload: Any, status: int = 200) -> Response:
@@ -89,4 +101,10 @@ def install_ops_endpoints(app: Flask, ready: Callable[[], tuple[bool, str]]) -> 
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Response:
-        return json_error(exc.code or 500, exc.description or exc.name)
+        return json_error(exc.code or 500, clip_text(exc.description or exc.name, MAX_MESSAGE))
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception) -> Response:
+        # A bug of ours, never bad input (the fuzz harness holds that): say so in JSON.
+        log.exception("unexpected error", extra={"error": clip_text(repr(exc), 512)})
+        return json_error(500, f"internal error: {type(exc).__name__}")

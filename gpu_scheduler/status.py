@@ -8,7 +8,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpu_scheduler import contract
+from gpu_scheduler.fields import FieldError
 from gpu_scheduler.quantity import QuantityError, parse_quantity
+from gpu_scheduler.timestamps import rfc3339_seconds
 
 COLUMNS = ("NODE", "PRODUCT", "MEM/GPU", "GPUS", "USED", "FREE", "ZONE", "CAPACITY", "AGENT")
 
@@ -30,7 +32,7 @@ def used_gpus(pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
             continue
         try:
             gpus = contract.pod_gpu_request(spec)
-        except QuantityError:
+        except FieldError:
             continue
         if gpus:
             used[node] = used.get(node, 0) + gpus
@@ -40,12 +42,10 @@ def used_gpus(pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
 def _age(stamp: str | None, now: float) -> str:
     if not stamp:
         return "-"
-    from datetime import datetime
-
-    try:
-        seconds = now - datetime.fromisoformat(stamp).timestamp()
-    except ValueError:
+    beat = rfc3339_seconds(stamp)
+    if beat is None:
         return "unreadable"
+    seconds = now - beat
     if seconds < 120:
         return f"{int(seconds)}s ago"
     if seconds < 7200:

@@ -14,11 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_scheduler.fields import FieldError
 from gpu_scheduler.http import BadInput
+from gpu_scheduler.textclip import clip, clip_text
 from webhook.config import WebhookConfig
 from webhook.mutate import IGNORED, Decision, decide
 
 API_VERSION = "admission.k8s.io/v1"
+#: A UID is 36 characters; the answer echoes it, so it is bounded.
+MAX_UID = 128
 KIND = "AdmissionReview"
 
 
@@ -46,13 +50,19 @@ class Request:
 
     @property
     def pod_key(self) -> str:
-        """``namespace/name`` (``generateName*`` when the name is not set yet)."""
+        """``namespace/name`` (``generateName*`` when the name is not set yet), cut to
+        a bound for the log."""
         name = self.name
         obj = self.object if isinstance(self.object, Mapping) else {}
-        meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+        meta = obj.get("metadata")
         if not name and isinstance(meta, Mapping):
-            name = str(meta.get("name") or "") or f"{meta.get('generateName') or ''}*"
-        return f"{self.namespace}/{name}" if self.namespace else name
+            own, generate = meta.get("name"), meta.get("generateName")
+            if isinstance(own, str) and own:
+                name = own
+            elif isinstance(generate, str):
+                name = f"{generate}*"
+        key = f"{self.namespace}/{name}" if self.namespace else name
+        return clip_text(key, 300)
 
 
 def parse_review(body: Any) -> Request:
@@ -61,17 +71,19 @@ def parse_review(body: Any) -> Request:
         raise BadInput("expected an AdmissionReview JSON object")
     if body.get("apiVersion") != API_VERSION:
         raise BadInput(
-            f"apiVersion must be {API_VERSION!r}, got {body.get('apiVersion')!r} "
+            f"apiVersion must be {API_VERSION!r}, got {clip(body.get('apiVersion'), 80)} "
             "(set admissionReviewVersions: [v1])"
         )
     if body.get("kind") != KIND:
-        raise BadInput(f"kind must be {KIND!r}, got {body.get('kind')!r}")
+        raise BadInput(f"kind must be {KIND!r}, got {clip(body.get('kind'), 80)}")
     req = body.get("request")
     if not isinstance(req, Mapping):
         raise BadInput("AdmissionReview.request is missing or not an object")
     uid = req.get("uid")
-    if not isinstance(uid, str) or not uid:
-        raise BadInput("AdmissionReview.request.uid is missing or not a string")
+    if not isinstance(uid, str) or not 0 < len(uid) <= MAX_UID:
+        raise BadInput(
+            f"AdmissionReview.request.uid must be a string of 1..{MAX_UID} characters"
+        )
     kind = req.get("kind")
     return Request(
         uid=uid,
@@ -89,7 +101,14 @@ def review(body: Any, cfg: WebhookConfig) -> tuple[dict[str, Any], Request, Deci
     """Answer one AdmissionReview: (response body, the request, the decision)."""
     req = parse_review(body)
     # dryRun changes nothing here: the decision has no side effects to skip.
-    decision = decide(req.object, cfg) if req.is_pod_create else Decision(IGNORED)
+    if not req.is_pod_create:
+        return review_response(req.uid, Decision(IGNORED)), req, Decision(IGNORED)
+    if not isinstance(req.object, Mapping):
+        raise BadInput("AdmissionReview.request.object must be the Pod being created")
+    try:
+        decision = decide(req.object, cfg)
+    except FieldError as exc:
+        raise BadInput(f"AdmissionReview.request.object.{exc.path}: {exc.problem}") from None
     return review_response(req.uid, decision), req, decision
 
 

@@ -21,7 +21,10 @@ both tolerates the taint whatever its value.
 The patch always applies to the object it was computed from: ``/spec/tolerations``
 is added (absent) or replaced (``null``) with a list, and ``/spec/tolerations/-`` is
 used only when the list exists. Run on its own output the function returns no patch.
-Anything it cannot interpret gives no patch and a warning: never a reason to block.
+A GPU quantity it cannot use (``"lots"``, ``"0.5"``) gives no patch and a warning,
+never a refusal: the API server's validation, which runs after admission, refuses
+such a pod with its own message. A field of the wrong JSON type raises
+:class:`FieldError` (an HTTP 400): no API server sends one.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from gpu_scheduler.contract import (
     RESOURCE_GPU,
     pod_gpu_request,
 )
-from gpu_scheduler.quantity import QuantityError
+from gpu_scheduler.fields import FieldError, expect_object, list_at, object_at, string_at
+from gpu_scheduler.textclip import clip_text
 from webhook.config import WebhookConfig
 
 #: Outcomes, as logged and counted.
@@ -65,35 +69,31 @@ class Decision:
 
 
 def decide(pod: Any, cfg: WebhookConfig) -> Decision:
-    """The patch and warnings for a pod being created (``pod`` is its JSON form)."""
-    if not isinstance(pod, Mapping):
-        return _uninterpretable("the object is not a JSON object")
-    metadata = pod.get("metadata")
-    metadata = {} if metadata is None else metadata
-    if not isinstance(metadata, Mapping):
-        return _uninterpretable("metadata is not an object")
-    annotations = metadata.get("annotations")
-    annotations = {} if annotations is None else annotations
-    if not isinstance(annotations, Mapping):
-        return _uninterpretable("metadata.annotations is not an object")
+    """The patch and warnings for a pod being created (``pod`` is its JSON form).
+
+    Raises :class:`FieldError` for a field of the wrong type: the API server decodes a
+    Pod into its Go type before admission, so only another client can send one. A
+    value of the right type that the API server will still validate (a fractional or
+    malformed GPU quantity) gives no patch and a warning: its own validation speaks.
+    """
+    pod = expect_object(pod, "object")
+    metadata = object_at(pod, "metadata", "metadata")
+    annotations = object_at(metadata, "annotations", "metadata.annotations")
     if annotations.get(ANN_SKIP_MUTATION) == "true":
         return Decision(OPTED_OUT, detail=f"{ANN_SKIP_MUTATION}=true")
-    spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
-        return _uninterpretable("spec is not an object")
+    spec = object_at(pod, "spec", "spec")
     try:
         gpus = pod_gpu_request(spec)
-    except (QuantityError, AttributeError, TypeError) as exc:
+    except FieldError as exc:
+        if exc.wrong_type:
+            raise
         return _uninterpretable(f"cannot read its {RESOURCE_GPU} request: {exc}")
+    current = string_at(spec, "schedulerName", "spec.schedulerName")
+    raw_tolerations = spec.get("tolerations")
+    tolerations = list_at(spec, "tolerations", "spec.tolerations")
+    have = [_checked_toleration(t, f"spec.tolerations[{i}]") for i, t in enumerate(tolerations)]
     if gpus <= 0:
-        return Decision(NO_GPU, scheduler=_scheduler_or_none(spec))
-
-    current = spec.get("schedulerName")
-    if current is not None and not isinstance(current, str):
-        return _uninterpretable("spec.schedulerName is not a string", gpus)
-    tolerations = spec.get("tolerations")
-    if tolerations is not None and not isinstance(tolerations, list):
-        return _uninterpretable("spec.tolerations is not a list", gpus)
+        return Decision(NO_GPU, scheduler=current or None)
 
     patch: list[dict[str, Any]] = []
     warnings: list[str] = []
@@ -109,13 +109,12 @@ def decide(pod: Any, cfg: WebhookConfig) -> Decision:
         changes.append("schedulerName")
         scheduler = cfg.scheduler_name
 
-    have = [t for t in tolerations or () if isinstance(t, Mapping)]
     missing: list[dict[str, Any]] = []
     for wanted in cfg.tolerations:
         if not any(covers(t, wanted) for t in (*have, *missing)):
             missing.append(dict(wanted))
     if missing:
-        if tolerations is None:
+        if raw_tolerations is None:
             op = "replace" if "tolerations" in spec else "add"
             patch.append({"op": op, "path": "/spec/tolerations", "value": missing})
         else:
@@ -131,6 +130,18 @@ def decide(pod: Any, cfg: WebhookConfig) -> Decision:
         changes=tuple(changes),
         scheduler=scheduler,
     )
+
+
+def _checked_toleration(value: Any, path: str) -> Mapping[str, Any]:
+    """A toleration whose fields have the API's types (strings; an integer
+    ``tolerationSeconds``), or :class:`FieldError` naming the field."""
+    toleration = expect_object(value, path)
+    for key in ("key", "operator", "value", "effect"):
+        string_at(toleration, key, f"{path}.{key}")
+    seconds = toleration.get("tolerationSeconds")
+    if seconds is not None and (not isinstance(seconds, int) or isinstance(seconds, bool)):
+        raise FieldError(f"{path}.tolerationSeconds", "must be an integer")
+    return toleration
 
 
 def covers(have: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
@@ -185,13 +196,6 @@ def _normal(t: Mapping[str, Any]) -> tuple[str, str, str, str, int | None] | Non
     return key, op, value, effect, seconds
 
 
-def _scheduler_or_none(spec: Mapping[str, Any]) -> str | None:
-    value = spec.get("schedulerName")
-    return value if isinstance(value, str) and value else None
-
-
-def _uninterpretable(reason: str, gpus: int = 0) -> Decision:
-    text = f"{WARNING_PREFIX}pod left unchanged: {reason}"
-    if len(text) > MAX_WARNING:
-        text = text[: MAX_WARNING - 3] + "..."
-    return Decision(UNINTERPRETABLE, warnings=[text], gpus=gpus, detail=reason)
+def _uninterpretable(reason: str) -> Decision:
+    text = clip_text(f"{WARNING_PREFIX}pod left unchanged: {reason}", MAX_WARNING)
+    return Decision(UNINTERPRETABLE, warnings=[text], detail=clip_text(reason))

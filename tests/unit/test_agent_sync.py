@@ -10,10 +10,11 @@ import jsonpatch
 
 from agent.inventory import FakeBackend
 from agent.labels import Desired, desired_state
-from agent.sync import NodeState, heartbeat_due, plan_sync, rfc3339
-from extender.model import node_facts, parse_rfc3339
+from agent.sync import NodeState, heartbeat_due, plan_sync
+from extender.model import node_facts
 from extender.policies.heartbeat import HeartbeatPolicy
 from gpu_scheduler import contract
+from gpu_scheduler.timestamps import rfc3339, rfc3339_seconds
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gpus"
 NOW = datetime(2026, 11, 29, 14, 0, 0, tzinfo=UTC)
@@ -170,7 +171,7 @@ def test_heartbeat_round_trips_through_the_extender() -> None:
     moment = datetime(2026, 11, 29, 14, 0, 0, 999_000, tzinfo=UTC)
     text = rfc3339(moment)
     assert text == "2026-11-29T14:00:00Z"
-    assert parse_rfc3339(text) == NOW.timestamp()
+    assert rfc3339_seconds(text) == NOW.timestamp()
     # Written in another zone, still UTC on the wire.
     assert rfc3339(NOW.astimezone(ZoneInfo("Asia/Tokyo"))) == text
 

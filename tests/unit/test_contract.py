@@ -1,8 +1,10 @@
+import re
 from decimal import Decimal
 
 import pytest
 
 from gpu_scheduler import contract
+from gpu_scheduler.fields import FieldError
 from gpu_scheduler.quantity import QuantityError, parse_quantity
 
 
@@ -55,24 +57,39 @@ def test_no_gpu_and_empty_specs():
     assert contract.pod_gpu_request({"containers": [{"resources": None}]}) == 0
 
 
-def test_bad_quantities_raise():
-    with pytest.raises(QuantityError):
+def test_bad_quantities_raise_naming_the_field():
+    where = 'spec.containers[0].resources.requests["nvidia.com/gpu"]'
+    with pytest.raises(FieldError, match=re.escape(where)):
         contract.pod_gpu_request({"containers": [gpu("lots")]})
-    with pytest.raises(QuantityError):
+    with pytest.raises(FieldError, match="whole number") as caught:
         contract.pod_gpu_request({"containers": [gpu("500m")]})
-    with pytest.raises(QuantityError):
-        contract.pod_gpu_request({"containers": "nope"})
+    assert not caught.value.wrong_type  # a value the API server would validate
+    with pytest.raises(FieldError, match="must not be negative"):
+        contract.pod_gpu_request({"containers": [gpu("-1")]})
 
 
-def test_quantities():
-    assert parse_quantity("2") == 2
-    assert parse_quantity(3) == 3
-    assert parse_quantity("2000m") == 2
-    assert parse_quantity("1Ki") == 1024
-    with pytest.raises(QuantityError):
-        parse_quantity(True)
-    with pytest.raises(QuantityError):
-        parse_quantity("1.2.3")
+@pytest.mark.parametrize(
+    ("spec", "path"),
+    [
+        ({"containers": "nope"}, "spec.containers: must be an array, not a string"),
+        ({"containers": [3]}, "spec.containers[0]: must be an object, not a number"),
+        ({"containers": [{"resources": []}]}, "spec.containers[0].resources: must be an object"),
+        (
+            {"containers": [{"resources": {"limits": "x"}}]},
+            "spec.containers[0].resources.limits: must be an object, not a string",
+        ),
+        ({"initContainers": [{"resources": {"requests": 1}}]}, "spec.initContainers[0]"),
+        ({"overhead": ["1"]}, "spec.overhead: must be an object, not an array"),
+        ({"containers": [{"resources": {"limits": {"nvidia.com/gpu": True}}}]}, "not a boolean"),
+        ({"containers": [{"resources": {"limits": {"nvidia.com/gpu": {}}}}]}, "not an object"),
+        ("spec", "spec: must be an object, not a string"),
+    ],
+)
+def test_wrong_types_raise_naming_the_field(spec, path):
+    with pytest.raises(FieldError) as caught:
+        contract.pod_gpu_request(spec)
+    assert path in str(caught.value)
+    assert caught.value.wrong_type
 
 
 @pytest.mark.parametrize(

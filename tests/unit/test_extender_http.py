@@ -77,17 +77,20 @@ def test_node_names_in_args_mode_is_a_clear_400(extender_url):
         (b"not json", "not JSON"),
         (b"", "empty request body"),
         (b"[1, 2]", "must be a JSON object"),
-        (b'{"Nodes": {"items": []}}', "Pod is missing"),
-        (b'{"Pod": "x", "NodeNames": []}', "Pod is missing or not an object"),
+        (b'{"Nodes": {"items": []}}', "ExtenderArgs.Pod must be an object, not null"),
+        (b'{"Pod": "x", "NodeNames": []}', "ExtenderArgs.Pod must be an object, not a string"),
         (b'{"Pod": {"metadata": {}, "spec": {}}}', "neither Nodes nor NodeNames"),
-        (b'{"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": "x"}}', "must be a list"),
-        (b'{"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": [{}]}}', "metadata.name"),
-        (b'{"Pod": {"metadata": {}, "spec": {}}, "NodeNames": [1]}', "list of strings"),
-        (b'{"Pod": {"metadata": {}}, "NodeNames": []}', "metadata and spec"),
         (
-            b'{"Pod": {"metadata": {}, "spec": {"containers": [{"resources": '
-            b'{"limits": {"nvidia.com/gpu": "x"}}}]}}, "Nodes": {"items": []}}',
-            "not a quantity",
+            b'{"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": "x"}}',
+            "ExtenderArgs.Nodes.items must be an array",
+        ),
+        (
+            b'{"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": [{}]}}',
+            "ExtenderArgs.Nodes.items[0].metadata.name must be a node name",
+        ),
+        (
+            b'{"Pod": {"metadata": {}, "spec": {}}, "NodeNames": ["a", 1]}',
+            "ExtenderArgs.NodeNames[1] must be a node name",
         ),
     ],
 )
@@ -102,6 +105,62 @@ def test_bad_input_is_a_400_with_a_reason_and_the_worker_lives(extender_url, ver
     assert ok.status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("pod", "field"),
+    [
+        ({"metadata": {}}, None),  # no spec: no GPUs, every node passes
+        ({"metadata": 3, "spec": {}}, "metadata: must be an object, not a number"),
+        (
+            {"metadata": {}, "spec": {"containers": [{"resources": {"limits": []}}]}},
+            "spec.containers[0].resources.limits: must be an object, not an array",
+        ),
+        (make_pod(gpus="1e999999"), "quantity '1e999999' is beyond 2**63-1"),
+        (
+            make_pod(gpus=1, annotations={contract.ANN_MIN_GPU_MEMORY: 40}),
+            "gpu-scheduler.io/min-gpu-memory must be a string, not a number",
+        ),
+    ],
+)
+def test_a_malformed_pod_fails_every_node_naming_the_field(extender_url, pod, field):
+    nodes = [make_node("a", 8, **H100), make_node("b", 2, **H100)]
+    r = requests.post(extender_url + "/filter", json=args_body(pod, nodes))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    if field is None:
+        assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["a", "b"]
+        return
+    assert body["Nodes"]["items"] == [] and body["FailedNodes"] == {}
+    assert set(body["FailedAndUnresolvableNodes"]) == {"a", "b"}
+    assert all(field in reason for reason in body["FailedAndUnresolvableNodes"].values())
+    r = requests.post(extender_url + "/prioritize", json=args_body(pod, nodes))
+    assert r.status_code == 200 and [h["Score"] for h in r.json()] == [0, 0]
+
+
+def test_a_node_nested_too_deep_to_echo_fails_alone(extender_url):
+    deep: object = "x"
+    for _ in range(300):
+        deep = [deep]
+    odd = make_node("deep", 8, **H100)
+    odd["spec"]["extra"] = deep
+    nodes = [make_node("a", 8, **H100), odd]
+    r = requests.post(extender_url + "/filter", json=args_body(make_pod(gpus=1), nodes))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["a"]
+    assert "nests too deep" in body["FailedAndUnresolvableNodes"]["deep"]
+
+
+def test_huge_values_come_back_truncated(extender_url):
+    huge = "x" * (4 << 20)
+    r = requests.post(extender_url + "/filter", json={"Pod": {}, "NodeNames": [huge]})
+    assert r.status_code == 400
+    assert len(r.content) < 8192 and "must be a node name" in r.json()["error"]
+    pod = make_pod(gpus=1, annotations={contract.ANN_PLACEMENT: huge})
+    r = requests.post(extender_url + "/filter", json=args_body(pod, [make_node("a", 8, **H100)]))
+    reason = r.json()["FailedAndUnresolvableNodes"]["a"]
+    assert len(reason) < 4096 and "truncated" in reason
+
+
 def test_oversized_body_is_refused_before_it_is_read(extender_url):
     host, port = extender_url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
@@ -111,7 +170,7 @@ def test_oversized_body_is_refused_before_it_is_read(extender_url):
     conn.endheaders()
     conn.send(b'{"Pod": ')
     response = conn.getresponse()
-    assert response.status == 400
+    assert response.status == 413  # answered by the worker before any thread sees it
     assert "over the limit" in json.loads(response.read())["error"]
     conn.close()
     assert requests.get(extender_url + "/healthz").ok

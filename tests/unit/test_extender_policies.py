@@ -10,6 +10,7 @@ from extender.engine import UNKNOWN_NODE, filter_nodes, score_nodes
 from extender.model import NodeFacts, node_facts, pod_facts
 from extender.policies import build_policies
 from gpu_scheduler import contract
+from gpu_scheduler.fields import FieldError
 from tests.factories import make_node, make_pod
 
 CFG = ExtenderConfig()
@@ -248,12 +249,60 @@ def test_weights_too_small_to_matter_are_rejected():
     assert cfg.weight("zone") == 0 and cfg.heartbeat_window_seconds == 600
 
 
-def test_node_facts_rejects_non_nodes():
-    with pytest.raises(ValueError):
-        node_facts({"metadata": {}})
-    with pytest.raises(ValueError):
-        node_facts({"metadata": {"name": "x", "labels": ["a"]}})
+def test_node_facts_without_a_name_raise():
+    for bad in ({"metadata": {}}, {"metadata": {"name": 5}}, {"metadata": "x"}, [], None):
+        with pytest.raises(FieldError, match=r"metadata\.name|must be an object"):
+            node_facts(bad)
+    with pytest.raises(FieldError):
+        node_facts({"metadata": {"name": "x" * 254}})
     assert node_facts(make_node("x")) == NodeFacts("x", 0, zone=None)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda n: n["metadata"].update(labels=["a"]), "metadata.labels: must be an object"),
+        (lambda n: n["metadata"].update(annotations=7), "metadata.annotations: must be an"),
+        (lambda n: n.update(status=[]), "status: must be an object, not an array"),
+        (lambda n: n["status"].update(allocatable=[1]), "status.allocatable: must be an object"),
+        (
+            lambda n: n["status"]["allocatable"].update({contract.RESOURCE_GPU: "1e999999"}),
+            'status.allocatable["nvidia.com/gpu"]: quantity',
+        ),
+        (
+            lambda n: n["status"]["allocatable"].update({contract.RESOURCE_GPU: "-2"}),
+            "must not be negative",
+        ),
+        (
+            lambda n: n["metadata"]["labels"].update({contract.LABEL_GPU_PRODUCT: 5}),
+            'metadata.labels["nvidia.com/gpu.product"]: must be a string, not a number',
+        ),
+        (
+            lambda n: n["metadata"]["labels"].update({contract.LABEL_ZONE: ["z"]}),
+            'metadata.labels["topology.kubernetes.io/zone"]',
+        ),
+        (
+            lambda n: n["metadata"]["annotations"].update({contract.ANN_HEARTBEAT: {}}),
+            "gpu-scheduler.io/agent-heartbeat",
+        ),
+    ],
+)
+def test_a_malformed_node_fails_naming_the_field(change, field):
+    node = make_node("n", 8, product="NVIDIA-H100-80GB-HBM3", memory_mib=81559)
+    change(node)
+    facts = node_facts(node)
+    assert facts.name == "n"
+    assert facts.error is not None
+    assert field in facts.error, facts.error
+    out = run_filter(make_pod(gpus=1), [facts])
+    assert out.unresolvable == {"n": facts.error} and out.passed == []
+    assert run_score(make_pod(gpus=1), [facts]) == [0]
+
+
+def test_label_values_we_do_not_read_may_have_any_type():
+    node = make_node("n", 2)
+    node["metadata"]["labels"]["example.com/odd"] = 12
+    assert node_facts(node).error is None
 
 
 # --- scarcity ----------------------------------------------------------------------

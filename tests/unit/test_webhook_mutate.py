@@ -11,6 +11,7 @@ import jsonpatch
 import pytest
 
 from gpu_scheduler.contract import ANN_SKIP_MUTATION, GPU_TOLERATION, RESOURCE_GPU
+from gpu_scheduler.fields import FieldError
 from gpu_scheduler.http import BadInput
 from webhook import mutate
 from webhook.admission import parse_review, review
@@ -134,7 +135,6 @@ def test_covering_toleration_means_no_toleration_added(existing: dict[str, Any])
         {"key": RESOURCE_GPU, "operator": "Exists", "effect": "PreferNoSchedule"},
         {"operator": "Exists", "effect": "NoExecute"},
         {"key": "nvidia.com/mig", "operator": "Exists"},
-        {"key": RESOURCE_GPU, "operator": 3},  # malformed: covers nothing
     ],
 )
 def test_non_covering_toleration_means_ours_is_appended(existing: dict[str, Any]) -> None:
@@ -181,27 +181,44 @@ def test_opt_out_annotation() -> None:
     assert decide(pod(annotations={ANN_SKIP_MUTATION: "yes"}), CFG).outcome == "mutated"
 
 
-@pytest.mark.parametrize(
-    "bad",
-    [
-        pod("one"),  # not a quantity
-        pod("500m"),  # fractional GPU
-        pod(schedulerName=7),
-        pod(tolerations={"key": "x"}),
-        {"metadata": [], "spec": {}},
-        {"metadata": {"annotations": "x"}, "spec": {}},
-        {"metadata": {}, "spec": "nope"},
-        {"metadata": {}, "spec": {"containers": {"a": 1}}},
-        {"metadata": {}, "spec": {"containers": [{"resources": ["x"]}]}},
-        "a string",
-        None,
-    ],
-)
-def test_uninterpretable_object_is_allowed_with_warning(bad: Any) -> None:
+@pytest.mark.parametrize("bad", [pod("one"), pod("500m"), pod("-1"), pod("1e999999")])
+def test_unusable_gpu_quantity_is_allowed_with_warning(bad: Any) -> None:
+    """Values the API server will validate after admission: its message speaks."""
     d = decide(bad, CFG)
     assert d.outcome == mutate.UNINTERPRETABLE and d.patch == []
     assert len(d.warnings) == 1 and d.warnings[0].startswith("gpu-scheduler: pod left unchanged")
     assert len(d.warnings[0]) <= mutate.MAX_WARNING
+
+
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        (pod(schedulerName=7), "spec.schedulerName: must be a string"),
+        (pod(tolerations={"key": "x"}), "spec.tolerations: must be an array"),
+        (pod(tolerations=["x"]), "spec.tolerations[0]: must be an object"),
+        (pod(tolerations=[{"key": RESOURCE_GPU, "operator": 3}]), "spec.tolerations[0].operator"),
+        (pod(tolerations=[{"tolerationSeconds": "5"}]), "tolerationSeconds: must be an integer"),
+        ({"metadata": [], "spec": {}}, "metadata: must be an object"),
+        ({"metadata": {"annotations": "x"}, "spec": {}}, "metadata.annotations"),
+        ({"metadata": {}, "spec": "nope"}, "spec: must be an object"),
+        ({"metadata": {}, "spec": {"containers": {"a": 1}}}, "spec.containers: must be an array"),
+        ({"metadata": {}, "spec": {"containers": [{"resources": ["x"]}]}}, "resources"),
+        (pod(True), "not a boolean"),
+        ("a string", "object: must be an object"),
+    ],
+)
+def test_wrong_json_types_raise_naming_the_field(bad: Any, field: str) -> None:
+    """No API server sends these (it decoded the Pod first): the webhook answers 400."""
+    with pytest.raises(FieldError) as caught:
+        decide(bad, CFG)
+    assert field in str(caught.value)
+
+
+def test_wrong_types_are_a_400_through_the_review() -> None:
+    with pytest.raises(BadInput, match=r"AdmissionReview.request.object.spec.schedulerName"):
+        review(review_body(pod(schedulerName=7)), CFG)
+    with pytest.raises(BadInput, match="must be the Pod being created"):
+        review(review_body(None), CFG)
 
 
 # --- AdmissionReview -----------------------------------------------------------------
