@@ -18,6 +18,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=4, help="threads per worker (default 4)")
     parser.add_argument(
+        "--request-deadline",
+        default="10s",
+        metavar="DURATION",
+        help="a request must arrive whole within this time of its first byte, or it is "
+        "answered 408 and closed; slow clients never hold a thread (default 10s)",
+    )
+    parser.add_argument(
         "--node-source",
         choices=("args", "cluster"),
         default="args",
@@ -29,8 +36,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpu_scheduler.durations import parse_duration
     from gpu_scheduler.serving import metrics_dir_for, serve
 
+    try:
+        deadline = parse_duration(args.request_deadline)
+    except ValueError as exc:
+        print(f"gpu-scheduler extender: --request-deadline: {exc}", file=sys.stderr)
+        return 2
     workers = args.workers or (1 if args.node_source == "cluster" else 2)
     metrics_dir_for(workers)
     from extender.app import create_app
@@ -45,5 +58,13 @@ def run(args: argparse.Namespace) -> int:
     def factory():  # type: ignore[no-untyped-def]
         return create_app(cfg, node_source=args.node_source, kubeconfig=args.kubeconfig)
 
-    serve(factory, host=args.host, port=args.port, workers=workers, threads=args.threads)
+    serve(
+        factory,
+        host=args.host,
+        port=args.port,
+        workers=workers,
+        threads=args.threads,
+        max_body=cfg.max_body_bytes,
+        request_deadline=deadline,
+    )
     return 0

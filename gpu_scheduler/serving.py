@@ -14,6 +14,8 @@ from typing import Any
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 
+from gpu_scheduler.worker import worker_class
+
 log = logging.getLogger(__name__)
 
 
@@ -54,6 +56,8 @@ def serve(
     workers: int = 1,
     threads: int = 4,
     timeout: int = 30,
+    max_body: int,
+    request_deadline: float = 10.0,
     **options: Any,
 ) -> None:
     """Serve until SIGTERM/SIGINT. Extra ``options`` are gunicorn settings.
@@ -67,7 +71,7 @@ def serve(
         "bind": f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
         "workers": workers,
         "threads": threads,
-        "worker_class": "gthread" if threads > 1 else "sync",
+        "worker_class": worker_class(max_body, request_deadline),
         "timeout": timeout,
         "graceful_timeout": 20,
         "keepalive": 75,

@@ -19,6 +19,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (default 2)")
     parser.add_argument("--threads", type=int, default=4, help="threads per worker (default 4)")
     parser.add_argument(
+        "--request-deadline",
+        default="10s",
+        metavar="DURATION",
+        help="a request must arrive whole within this time of its first byte, or it is "
+        "answered 408 and closed; slow clients never hold a thread (default 10s)",
+    )
+    parser.add_argument(
         "--cert-reload-interval",
         default="10s",
         metavar="DURATION",
@@ -35,8 +42,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         interval = parse_duration(args.cert_reload_interval)
+        deadline = parse_duration(args.request_deadline)
     except ValueError as exc:
-        print(f"gpu-scheduler webhook: --cert-reload-interval: {exc}", file=sys.stderr)
+        print(f"gpu-scheduler webhook: {exc}", file=sys.stderr)
         return 2
     metrics_dir_for(args.workers)
     from webhook.app import create_app
@@ -64,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         threads=args.threads,
+        max_body=cfg.max_body_bytes,
+        request_deadline=deadline,
         certfile=reloader.cert_file,
         keyfile=reloader.key_file,
         ssl_context=reloader.hook(),

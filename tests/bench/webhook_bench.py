@@ -131,6 +131,7 @@ def serve_bare(args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         threads=args.threads,
+        max_body=8 << 20,
         certfile=str(cert_dir / "tls.crt"),
         keyfile=str(cert_dir / "tls.key"),
         ssl_context=tls12,

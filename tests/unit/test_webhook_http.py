@@ -260,11 +260,11 @@ def test_config_file_is_used(webhook_rotating: WebhookServer) -> None:
     assert patch[0]["value"] == "gpu-binpack"
 
 
-def test_body_over_the_limit_is_400(webhook_rotating: WebhookServer) -> None:
+def test_body_over_the_limit_is_413(webhook_rotating: WebhookServer) -> None:
     big = review(gpu_pod())
     big["request"]["object"]["metadata"]["annotations"] = {"x": "y" * 70000}
     r = post(webhook_rotating, big)
-    assert r.status_code == 400, r.text
+    assert r.status_code == 413, r.text
     assert "over the limit" in r.json()["error"]
 
 
