@@ -64,6 +64,7 @@ def parse_args(payload: Any) -> ExtenderArgs:
             meta = item.get("metadata") if isinstance(item, dict) else None
             name = meta.get("name") if isinstance(meta, dict) else None
             names.append(_node_name(name, f"ExtenderArgs.Nodes.items[{i}].metadata.name"))
+        _unique(names, "ExtenderArgs.Nodes.items")
         return ExtenderArgs(pod, items, names)
     if names_field is not None:
         if not isinstance(names_field, list):
@@ -72,8 +73,19 @@ def parse_args(payload: Any) -> ExtenderArgs:
             )
         for i, name in enumerate(names_field):
             _node_name(name, f"ExtenderArgs.NodeNames[{i}]")
+        _unique(names_field, "ExtenderArgs.NodeNames")
         return ExtenderArgs(pod, None, names_field)
     raise BadInput("ExtenderArgs carries neither Nodes nor NodeNames")
+
+
+def _unique(names: list[str], path: str) -> None:
+    """Each candidate is answered exactly once, so each may be asked about once."""
+    if len(set(names)) != len(names):
+        seen: set[str] = set()
+        for i, name in enumerate(names):
+            if name in seen:
+                raise BadInput(f"{path}[{i}] repeats the node name {clip(name, 80)}")
+            seen.add(name)
 
 
 def _node_name(name: Any, path: str) -> str:

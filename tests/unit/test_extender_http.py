@@ -92,6 +92,10 @@ def test_node_names_in_args_mode_is_a_clear_400(extender_url):
             b'{"Pod": {"metadata": {}, "spec": {}}, "NodeNames": ["a", 1]}',
             "ExtenderArgs.NodeNames[1] must be a node name",
         ),
+        (
+            b'{"Pod": {"metadata": {}, "spec": {}}, "NodeNames": ["a", "b", "a"]}',
+            "ExtenderArgs.NodeNames[2] repeats the node name 'a'",
+        ),
     ],
 )
 @pytest.mark.parametrize("verb", ["filter", "prioritize"])

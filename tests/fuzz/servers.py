@@ -1,0 +1,131 @@
+"""The real servers a campaign runs against, and the valid bodies it starts from."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from gpu_scheduler import contract
+from tests.factories import make_node, make_pod
+from tests.fuzz.harness import Target
+from tests.helpers import CLI, free_port, running, tail, wait_for
+
+H100 = dict(product="NVIDIA-H100-80GB-HBM3", memory_mib=81559)
+NODE_NAMES = ("fuzz-a", "fuzz-b", "fuzz-c")
+
+
+def base_pod() -> dict[str, Any]:
+    """A GPU pod that exercises every field the extender and the webhook read."""
+    pod = make_pod(
+        "fuzz",
+        2,
+        namespace="ml",
+        annotations={
+            contract.ANN_MIN_GPU_MEMORY: "40Gi",
+            contract.ANN_GPU_PRODUCTS: "NVIDIA-H100-80GB-HBM3,NVIDIA-A100-SXM4-80GB",
+            contract.ANN_PLACEMENT: "binpack",
+            contract.ANN_SPOT: "prefer",
+            contract.ANN_GROUP: "job",
+        },
+    )
+    spec = pod["spec"]
+    spec["initContainers"] = [
+        {
+            "name": "side",
+            "restartPolicy": "Always",
+            "resources": {"limits": {contract.RESOURCE_GPU: "1"}},
+        }
+    ]
+    spec["overhead"] = {"cpu": "100m", contract.RESOURCE_GPU: "0"}
+    spec["tolerations"] = [{"key": "example.com/pool", "operator": "Exists"}]
+    del spec["schedulerName"]
+    return pod
+
+
+def base_nodes() -> list[dict[str, Any]]:
+    return [
+        make_node(NODE_NAMES[0], 8, zone="z1", capacity_type="SPOT", **H100),
+        make_node(NODE_NAMES[1], 4, zone="z2", heartbeat="2026-11-30T00:00:00Z", **H100),
+        make_node(NODE_NAMES[2], 2, zone="z1", karpenter="on-demand", **H100),
+    ]
+
+
+def args_body() -> dict[str, Any]:
+    return {"Pod": base_pod(), "Nodes": {"metadata": {}, "items": base_nodes()}, "NodeNames": None}
+
+
+def names_body() -> dict[str, Any]:
+    return {"Pod": base_pod(), "Nodes": None, "NodeNames": list(NODE_NAMES)}
+
+
+def review_body() -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "b7bb6a4f-0000-4000-8000-000000000001",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "ml",
+            "operation": "CREATE",
+            "object": base_pod(),
+            "dryRun": False,
+        },
+    }
+
+
+@contextlib.contextmanager
+def extender_args_mode(workdir: Path, workers: int = 2) -> Iterator[tuple[str, int, Path]]:
+    """``gpu-scheduler extender --node-source args``: (url, master pid, log)."""
+    port = free_port()
+    log = workdir / "extender-args.log"
+    cmd = [*CLI, "extender", "--host=127.0.0.1", f"--port={port}", f"--workers={workers}"]
+    with running(cmd, log) as proc:
+        url = f"http://127.0.0.1:{port}"
+        _wait_up(url + "/healthz", log, True)
+        yield url, proc.pid, log
+
+
+@contextlib.contextmanager
+def webhook(workdir: Path, workers: int = 2) -> Iterator[tuple[str, int, Path, str]]:
+    """``gpu-scheduler webhook`` over TLS: (url, master pid, log, CA file)."""
+    from certs import build, store
+
+    cert_dir = workdir / "webhook-certs"
+    store.generate(
+        cert_dir, build.service_identity("gpu-scheduler-webhook", "gpu-scheduler", ["127.0.0.1"])
+    )
+    port = free_port()
+    log = workdir / "webhook.log"
+    cmd = [
+        *CLI, "webhook", "--host=127.0.0.1", f"--port={port}", f"--cert-dir={cert_dir}",
+        f"--workers={workers}",
+    ]
+    ca = str(cert_dir / store.CA_CERT)
+    with running(cmd, log) as proc:
+        url = f"https://127.0.0.1:{port}"
+        _wait_up(url + "/readyz", log, ca)
+        yield url, proc.pid, log, ca
+
+
+def _wait_up(url: str, log: Path, verify: str | bool) -> None:
+    try:
+        wait_for(lambda: requests.get(url, timeout=1, verify=verify).ok, 40, url, interval=0.2)
+    except TimeoutError:
+        raise AssertionError(tail(log)) from None
+
+
+def extender_targets(url: str, pid: int, log: Path, mode: str) -> list[Target]:
+    base = args_body() if mode == "args" else names_body()
+    return [
+        Target(f"/{verb} ({mode})", f"{url}/{verb}", base, pid, log)
+        for verb in ("filter", "prioritize")
+    ]
+
+
+def webhook_target(url: str, pid: int, log: Path, ca: str) -> Target:
+    return Target("/mutate", f"{url}/mutate", review_body(), pid, log, verify=ca)

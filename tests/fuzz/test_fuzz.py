@@ -1,0 +1,38 @@
+"""A bounded fuzz sample against the real servers, in `make test`: a few hundred
+generated requests per endpoint, fixed seed (the full campaign: tests/fuzz/campaign.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fuzz import harness, servers
+
+SEED = 20261130
+COUNT = 280  # 40 of each of the 7 classes
+CPU_BOUND_MS = 50
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("fuzz")
+
+
+def check(result: harness.Result) -> None:
+    report = harness.table([result])
+    assert result.clean, report
+    assert result.count == COUNT, report
+    assert result.worst_cpu_ms < CPU_BOUND_MS, report
+    assert result.statuses["valid"] == {200: COUNT // len(result.statuses)}, report
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_extender_args_mode(work, verb):
+    with servers.extender_args_mode(work) as (url, pid, log):
+        target = next(t for t in servers.extender_targets(url, pid, log, "args") if verb in t.name)
+        check(harness.run(target, SEED, COUNT))
+
+
+def test_webhook_over_tls(work):
+    with servers.webhook(work) as (url, pid, log, ca):
+        check(harness.run(servers.webhook_target(url, pid, log, ca), SEED, COUNT))
