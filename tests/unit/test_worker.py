@@ -13,6 +13,7 @@ import requests
 
 from gpu_scheduler.worker import MAX_HEAD, RequestFraming
 from tests.factories import make_node, make_pod
+from tests.fuzz.harness import cpu_ns, worker_pids
 from tests.helpers import CLI, free_port, running, tail, wait_for
 
 SERVICE = "gpu-scheduler-webhook.gpu-scheduler.svc"
@@ -85,7 +86,7 @@ def test_framing_it_does_not_judge_is_left_to_gunicorn(head):
 
 
 @pytest.fixture(scope="module")
-def extender(tmp_path_factory):
+def extender_server(tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("slow") / "extender.log"
     cmd = [*CLI, "extender", "--host", "127.0.0.1", f"--port={port}", "--workers=1",
@@ -96,8 +97,13 @@ def extender(tmp_path_factory):
             wait_for(lambda: requests.get(url + "/healthz", timeout=1).ok, 30, "extender")
         except TimeoutError:
             raise AssertionError(tail(log)) from None
-        yield port
+        yield port, proc.pid
         assert proc.poll() is None, tail(log)
+
+
+@pytest.fixture
+def extender(extender_server):
+    return extender_server[0]
 
 
 def filter_once(port: int) -> float:
@@ -169,3 +175,22 @@ def test_slow_tls_handshakes_do_not_hold_the_webhook(webhook_server_factory, cer
         assert raw.recv(10) == b""  # dropped after the deadline, without a thread
     with pytest.raises(ssl.SSLError):
         ctx.wrap_socket(socket.create_connection(("127.0.0.1", server.port)), server_hostname="x")
+
+
+
+def test_a_big_body_nobody_reads_costs_little(extender_server):
+    """gunicorn's unreader copies what it holds beyond each read: handing it a 4 MiB
+    request in one piece, then draining the unread body 8 KiB at a time, cost 1.2 s of
+    CPU per request. It must cost about what reading it costs."""
+    port, master = extender_server
+    pids = worker_pids(master)
+    session = requests.Session()
+    body = b'{"x": "' + b"x" * (4 << 20) + b'"}'
+    costs = []
+    for _ in range(4):
+        before = cpu_ns(pids)
+        r = session.post(f"http://127.0.0.1:{port}/nothing-here", data=body, timeout=10)
+        assert r.status_code == 404
+        time.sleep(0.2)  # what the worker does after answering counts too
+        costs.append((cpu_ns(pids) - before) / 1e6)
+    assert max(costs) < 50, costs
