@@ -98,14 +98,14 @@ def _dump_filter_result(args: wire.ExtenderArgs, outcome: FilterOutcome) -> byte
     in args mode, where the objects are echoed) is moved to the unresolvable ones."""
     try:
         return orjson.dumps(wire.filter_result(args, outcome))
-    except orjson.JSONEncodeError:
+    except TypeError:  # orjson.JSONEncodeError, or its recursion limit
         pass
     by_name = dict(zip(args.names, args.nodes or (), strict=False))
     keep: list[str] = []
     for name in outcome.passed:
-        try:
-            orjson.dumps(by_name.get(name))
-        except orjson.JSONEncodeError:
+        try:  # at the depth it has in the answer
+            orjson.dumps({"Nodes": {"items": [by_name.get(name)]}})
+        except TypeError:
             outcome.unresolvable[name] = UNECHOABLE
         else:
             keep.append(name)
