@@ -5,24 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gpu_scheduler.serveropts import add_server_options
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
-    parser.add_argument("--port", type=int, default=8888, help="port (default 8888)")
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="gunicorn workers (default: 2 in args mode; 1 in cluster mode, where each "
-        "worker holds its own cache)",
-    )
-    parser.add_argument("--threads", type=int, default=4, help="threads per worker (default 4)")
-    parser.add_argument(
-        "--request-deadline",
-        default="10s",
-        metavar="DURATION",
-        help="a request must arrive whole within this time of its first byte, or it is "
-        "answered 408 and closed; slow clients never hold a thread (default 10s)",
+    add_server_options(
+        parser,
+        port=8888,
+        workers=None,
+        workers_help="gunicorn workers (default: 2 in args mode; 1 in cluster mode, where "
+        "each worker holds its own cache)",
     )
     parser.add_argument(
         "--node-source",

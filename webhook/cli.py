@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gpu_scheduler.serveropts import add_server_options
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
-    parser.add_argument("--port", type=int, default=8443, help="port (default 8443)")
+    add_server_options(parser, port=8443, workers=2, workers_help="gunicorn workers (default 2)")
     parser.add_argument(
         "--cert-dir",
         required=True,
@@ -16,15 +17,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="directory with tls.crt and tls.key (a mounted kubernetes.io/tls Secret)",
     )
     parser.add_argument("--config", help="YAML file: schedulerName, extraTolerations, ...")
-    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (default 2)")
-    parser.add_argument("--threads", type=int, default=4, help="threads per worker (default 4)")
-    parser.add_argument(
-        "--request-deadline",
-        default="10s",
-        metavar="DURATION",
-        help="a request must arrive whole within this time of its first byte, or it is "
-        "answered 408 and closed; slow clients never hold a thread (default 10s)",
-    )
     parser.add_argument(
         "--cert-reload-interval",
         default="10s",

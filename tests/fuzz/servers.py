@@ -79,15 +79,19 @@ def review_body() -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def extender_args_mode(workdir: Path, workers: int = 2) -> Iterator[tuple[str, int, Path]]:
-    """``gpu-scheduler extender --node-source args``: (url, master pid, log)."""
+def extender_args_mode(
+    workdir: Path, workers: int = 2, *extra: str
+) -> Iterator[tuple[str, int, Path]]:
+    """``gpu-scheduler extender --node-source args``: (url, master pid, log). The
+    process must still be running when the block ends."""
     port = free_port()
-    log = workdir / "extender-args.log"
-    cmd = [*CLI, "extender", "--host=127.0.0.1", f"--port={port}", f"--workers={workers}"]
+    log = workdir / f"extender-args-{port}.log"
+    cmd = [*CLI, "extender", "--host=127.0.0.1", f"--port={port}", f"--workers={workers}", *extra]
     with running(cmd, log) as proc:
         url = f"http://127.0.0.1:{port}"
         _wait_up(url + "/healthz", log, True)
         yield url, proc.pid, log
+        assert proc.poll() is None, tail(log)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import requests
 from gpu_scheduler.worker import MAX_HEAD, RequestFraming
 from tests.factories import make_node, make_pod
 from tests.fuzz.harness import cpu_ns, worker_pids
-from tests.helpers import CLI, free_port, running, tail, wait_for
+from tests.fuzz.servers import extender_args_mode
 
 SERVICE = "gpu-scheduler-webhook.gpu-scheduler.svc"
 GET = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -87,18 +87,9 @@ def test_framing_it_does_not_judge_is_left_to_gunicorn(head):
 
 @pytest.fixture(scope="module")
 def extender_server(tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("slow") / "extender.log"
-    cmd = [*CLI, "extender", "--host", "127.0.0.1", f"--port={port}", "--workers=1",
-           "--threads=2", "--request-deadline=1s"]
-    with running(cmd, log) as proc:
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_for(lambda: requests.get(url + "/healthz", timeout=1).ok, 30, "extender")
-        except TimeoutError:
-            raise AssertionError(tail(log)) from None
-        yield port, proc.pid
-        assert proc.poll() is None, tail(log)
+    work = tmp_path_factory.mktemp("slow")
+    with extender_args_mode(work, 1, "--threads=2", "--request-deadline=1s") as (url, pid, _):
+        yield int(url.rsplit(":", 1)[1]), pid
 
 
 @pytest.fixture
