@@ -23,15 +23,17 @@ import orjson
 from flask import Flask, Response
 
 from extender import metrics, wire
-from extender.cache import ClusterCache, StaticView
+from extender.cache import ClusterCache
 from extender.config import ExtenderConfig, load_config
 from extender.engine import FilterOutcome, filter_nodes, score_nodes
 from extender.model import NodeFacts, PodFacts, node_facts, pod_facts
-from extender.policies import ClusterView, Policy, build_policies
+from extender.policies import Policy, build_policies
+from extender.view import View, args_view
 from gpu_scheduler.http import BadInput, install_ops_endpoints, json_response, read_json_body
 
 log = logging.getLogger("extender")
 
+NOT_SYNCED = "the extender's cluster cache has not synced yet, retry shortly: "
 UNECHOABLE = (
     "the Node object nests too deep for the extender to send it back "
     "(orjson's limit is 255 levels); it cannot be placed through this extender"
@@ -45,7 +47,7 @@ class _Request:
     args: wire.ExtenderArgs
     pod: PodFacts
     nodes: list[NodeFacts | None]
-    view: ClusterView
+    view: View
 
 
 class Decider:
@@ -55,12 +57,11 @@ class Decider:
         self.cfg = cfg
         self.cache = cache
         self.policies: list[Policy] = build_policies(cfg)
-        self.static = StaticView()
 
     def parse(self, payload: Any) -> _Request:
         args = wire.parse_args(payload)
         pod = pod_facts(args.pod, self.cfg.default_placement)
-        view: ClusterView = self.cache if self.cache is not None else self.static
+        view = self.cache.view() if self.cache is not None else args_view()
         if args.nodes is not None:
             return _Request(args, pod, [node_facts(node) for node in args.nodes], view)
         if self.cache is None:
@@ -69,10 +70,22 @@ class Decider:
                 "nodeCacheCapable: false in the scheduler's extender config, or run "
                 "the extender with --node-source cluster"
             )
-        return _Request(args, pod, self.cache.lookup(args.names), view)
+        return _Request(args, pod, view.lookup(args.names), view)
 
     def filter(self, req: _Request) -> tuple[bytes, dict[str, Any]]:
         outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
+        unknown = sum(1 for node in req.nodes if node is None)
+        if unknown and not outcome.passed:
+            # Nothing fits among the nodes this view knows, and kube-scheduler knows
+            # nodes it does not (just added, or the cache is behind): answer an error,
+            # which kube-scheduler retries within seconds, rather than park the pod
+            # as unschedulable until some unrelated cluster event.
+            metrics.RETRY_ANSWERS.labels("filter", "unknown-nodes").inc()
+            message = (
+                f"no known node fits, and {unknown} candidate(s) are not in the extender's "
+                f"cache yet (view {req.view.age or 0:.0f}s old); retry shortly"
+            )
+            return orjson.dumps(wire.error_result(message)), {"retry": "unknown-nodes"}
         body = _dump_filter_result(req.args, outcome)
         metrics.NODES.labels("passed").inc(len(outcome.passed))
         metrics.NODES.labels("failed").inc(len(outcome.failed))
@@ -138,6 +151,14 @@ def create_app(
 
     def serve(verb: str, decide: Callable[[_Request], tuple[bytes, dict[str, Any]]]) -> Response:
         started = time.perf_counter()
+        if cache is not None and not cache.synced():
+            # Error (or a 5xx) makes kube-scheduler retry the pod within seconds; an
+            # answer failing every node as unknown would park it as unschedulable.
+            metrics.RETRY_ANSWERS.labels(verb, "not-synced").inc()
+            message = NOT_SYNCED + cache.ready()[1]
+            if verb == "filter":
+                return json_response(wire.error_result(message))
+            return json_response({"error": message}, 503)
         try:
             req = decider.parse(read_json_body(cfg.max_body_bytes))
         except BadInput as exc:
@@ -159,6 +180,7 @@ def create_app(
                 "nodes": len(req.args.names),
                 **details,
                 "pod_error": req.pod.error,
+                "view_age_s": None if req.view.age is None else round(req.view.age, 1),
                 "ms": round(elapsed * 1000, 3),
             },
         )

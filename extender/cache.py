@@ -1,22 +1,27 @@
 """The cluster cache for ``--node-source cluster``: list+watch of Nodes and bound Pods.
 
 It keeps only what the policies read: :class:`NodeFacts` per node, and per bound,
-non-terminal pod its node, GPU count and placement group. Watches resume from the
-last resourceVersion (with bookmarks); a 410 Gone, or any error, relists.
+non-terminal pod its node, GPU count and placement group. Two
+:class:`~extender.reflector.Reflector` threads keep it current (timeouts, bookmarks,
+relist on 410 Gone or silence). Requests never read the live state: each takes a
+:class:`~extender.view.View`, an immutable snapshot rebuilt when something changed
+(or a second passed), so concurrent events never tear what a request sees.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from extender import metrics
 from extender.model import NodeFacts, node_facts, parse_products
+from extender.reflector import Reflector
+from extender.view import View
 from gpu_scheduler import contract
 from gpu_scheduler.fields import FieldError
 
@@ -25,26 +30,11 @@ log = logging.getLogger(__name__)
 # Bound and not finished: the pods that hold GPUs (field selectors keep the rest away,
 # and a pod that finishes or is deleted arrives as DELETED).
 POD_FIELD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
-PAGE_SIZE = 500
-WATCH_SECONDS = 300
-
-
-class StaticView:
-    """The view in args mode: no pod cache, so every allocatable GPU counts as free."""
-
-    used: dict[str, int] = {}
-
-    def used_gpus(self, node: str) -> int:
-        return 0
-
-    def group_zones(self, namespace: str, group: str) -> dict[str, int]:
-        return {}
-
-    def product_pressure(self) -> dict[str, float]:
-        return {}
-
-    def now(self) -> float:
-        return time.time()
+#: A view whose newest word from the API server is older than this is stale: /readyz
+#: says 503 and the heartbeat policy stops filtering (the answers go on).
+STALE_AFTER = 40.0
+#: A view is rebuilt at least this often, so time-dependent facts stay current.
+VIEW_MAX_AGE = 1.0
 
 
 class _PodRecord:
@@ -106,10 +96,14 @@ def _pod_uid(meta: Any) -> str:
 
 
 class ClusterCache:
-    """Node facts and GPU use, kept current by list+watch. Thread-safe for readers."""
+    """Node facts and GPU use, kept current by list+watch; :meth:`view` for readers."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self.nodes: dict[str, NodeFacts] = {}
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._nodes: dict[str, NodeFacts] = {}
         self._pods: dict[str, _PodRecord] = {}
         self._used: dict[str, int] = {}
         self._groups: dict[tuple[str, str], dict[str, int]] = {}
@@ -119,58 +113,96 @@ class ClusterCache:
         self._demand: dict[str, float] = {}
         self._demand_total = 0
         self._lock = threading.Lock()
-        self._synced = {"nodes": threading.Event(), "pods": threading.Event()}
+        self._node_version = 0
+        self._pod_version = 0
+        self._view: View | None = None
+        self._beats: tuple[int, list[float]] = (-1, [])
         self._stop = threading.Event()
         self._clock = clock
+        self._monotonic = monotonic
+        self.reflectors: dict[str, Reflector] = {}
 
-    # --- the view the policies read ----------------------------------------------
-    @property
-    def used(self) -> dict[str, int]:
-        return self._used
-
-    def used_gpus(self, node: str) -> int:
-        return self._used.get(node, 0)
-
-    def group_zones(self, namespace: str, group: str) -> dict[str, int]:
-        zones: dict[str, int] = {}
+    # --- what readers get ------------------------------------------------------------
+    def view(self) -> View:
+        """The current snapshot (the same object until something changes)."""
+        snap = self._view
+        if (
+            snap is not None
+            and snap.version == (self._node_version, self._pod_version)
+            and self._clock() - snap.time < VIEW_MAX_AGE
+        ):
+            return snap
         with self._lock:
-            members = self._groups.get((namespace, group))
-            if not members:
-                return zones
-            for node_name, count in members.items():
-                node = self.nodes.get(node_name)
-                if node is not None and node.zone:
-                    zones[node.zone] = zones.get(node.zone, 0) + count
-        return zones
+            return self._build_view()
 
-    def product_pressure(self) -> dict[str, float]:
+    def _build_view(self) -> View:
+        old = self._view
+        version = (self._node_version, self._pod_version)
+        if old is not None and old.version[0] == version[0]:
+            nodes = old.nodes
+        else:
+            nodes = MappingProxyType(dict(self._nodes))
+        if old is not None and old.version[1] == version[1]:
+            used, groups, pods = old.used, old.groups, old.pods
+        else:
+            used = MappingProxyType(dict(self._used))
+            groups = MappingProxyType({k: dict(v) for k, v in self._groups.items()})
+            pods = len(self._pods)
+        if self._beats[0] != version[0]:
+            beats = sorted(n.heartbeat for n in self._nodes.values() if n.heartbeat is not None)
+            self._beats = (version[0], beats)
+        age = self.age()
+        snap = View(
+            nodes=nodes,
+            used=used,
+            groups=groups,
+            pressure=MappingProxyType(self._pressure()),
+            beats=self._beats[1],
+            pods=pods,
+            now=self._clock(),
+            knows_usage=True,
+            age=age,
+            stale=age is None or age > STALE_AFTER,
+            version=version,
+        )
+        self._view = snap
+        return snap
+
+    def _pressure(self) -> dict[str, float]:
         """Per GPU product: the share of GPU demand that can only run on it, over its
         share of the cluster's GPUs. Near 1 or above: pods restricted to this product
         need about all of it. 0: nobody is restricted to it. Empty without demand."""
-        with self._lock:
-            total_demand = self._demand_total
-            total_capacity = sum(self._capacity.values())
-            if not total_demand or not total_capacity:
-                return {}
-            return {
-                product: (self._demand.get(product, 0.0) / total_demand)
-                / (capacity / total_capacity)
-                for product, capacity in self._capacity.items()
-                if capacity > 0
-            }
+        total_demand = self._demand_total
+        total_capacity = sum(self._capacity.values())
+        if not total_demand or not total_capacity:
+            return {}
+        return {
+            product: (self._demand.get(product, 0.0) / total_demand) / (capacity / total_capacity)
+            for product, capacity in self._capacity.items()
+            if capacity > 0
+        }
 
-    def now(self) -> float:
-        return self._clock()
+    def synced(self) -> bool:
+        """Every kind has been listed at least once."""
+        return bool(self.reflectors) and all(r.synced.is_set() for r in self.reflectors.values())
+
+    def age(self) -> float | None:
+        """Seconds since the stalest kind last heard from the API server (None: some
+        kind was never listed)."""
+        ages = [r.age() for r in self.reflectors.values()]
+        if not ages or any(a is None for a in ages):
+            return None
+        return max(ages)  # type: ignore[type-var]
 
     def ready(self) -> tuple[bool, str]:
-        missing = [kind for kind, event in self._synced.items() if not event.is_set()]
-        if missing:
-            return False, f"waiting for the first list of {', '.join(missing)}"
-        return True, f"{len(self.nodes)} nodes, {len(self._pods)} pods cached"
-
-    def lookup(self, names: Iterable[str]) -> list[NodeFacts | None]:
-        get = self.nodes.get
-        return [get(name) for name in names]
+        missing = [k for k, r in self.reflectors.items() if not r.synced.is_set()]
+        if missing or not self.reflectors:
+            return False, f"waiting for the first list of {', '.join(missing) or 'anything'}"
+        age = self.age() or 0.0
+        summary = f"{len(self._nodes)} nodes, {len(self._pods)} pods cached"
+        if age > STALE_AFTER:
+            return False, f"the view is {age:.0f}s old (over {STALE_AFTER:.0f}s); {summary}"
+        return True, f"{summary}; view {age:.0f}s old"
 
     # --- applying what the API server says ----------------------------------------
     def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
@@ -187,8 +219,9 @@ class ClusterCache:
             if facts.product and facts.allocatable:
                 capacity[facts.product] = capacity.get(facts.product, 0) + facts.allocatable
         with self._lock:
-            self.nodes = fresh
+            self._nodes = fresh
             self._capacity = capacity
+            self._node_version += 1
         metrics.CACHE_OBJECTS.labels("nodes").set(len(fresh))
 
     def node_event(self, kind: str, obj: Mapping[str, Any]) -> None:
@@ -204,9 +237,11 @@ class ClusterCache:
                 return
             name = facts.name
         with self._lock:
-            old = self.nodes.pop(name, None)
+            old = self._nodes.get(name) if isinstance(name, str) else None
             if facts is not None:
-                self.nodes[facts.name] = facts
+                self._nodes[facts.name] = facts
+            elif old is not None:
+                del self._nodes[name]  # type: ignore[arg-type]
             for node, sign in ((old, -1), (facts, 1)):
                 if node is not None and node.product and node.allocatable:
                     left = self._capacity.get(node.product, 0) + sign * node.allocatable
@@ -214,7 +249,8 @@ class ClusterCache:
                         self._capacity[node.product] = left
                     else:
                         self._capacity.pop(node.product, None)
-        metrics.CACHE_OBJECTS.labels("nodes").set(len(self.nodes))
+            self._node_version += 1
+        metrics.CACHE_OBJECTS.labels("nodes").set(len(self._nodes))
 
     def replace_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
         records = dict(filter(None, (pod_record(item) for item in items)))
@@ -235,6 +271,7 @@ class ClusterCache:
         with self._lock:
             self._pods, self._used, self._groups = records, used, groups
             self._demand, self._demand_total = demand, demand_total
+            self._pod_version += 1
         metrics.CACHE_OBJECTS.labels("pods").set(len(records))
 
     def pod_event(self, kind: str, obj: Mapping[str, Any]) -> None:
@@ -247,6 +284,7 @@ class ClusterCache:
             if new is not None:
                 self._pods[new[0]] = new[1]
                 self._account(new[1], 1)
+            self._pod_version += 1
         metrics.CACHE_OBJECTS.labels("pods").set(len(self._pods))
 
     def _account(self, record: _PodRecord, sign: int) -> None:
@@ -275,6 +313,11 @@ class ClusterCache:
     # --- list+watch ---------------------------------------------------------------
     def start(self, core_api: Any) -> None:
         """Reflect Nodes and Pods in two daemon threads (``core_api``: CoreV1Api)."""
+        from gpu_scheduler.kube import reset_connections
+
+        def reset() -> None:
+            reset_connections(core_api.api_client)
+
         sources = {
             "nodes": (core_api.list_node, {}, self.replace_nodes, self.node_event),
             "pods": (
@@ -285,65 +328,12 @@ class ClusterCache:
             ),
         }
         for kind, (func, params, replace, apply) in sources.items():
-            thread = threading.Thread(
-                target=self._reflect,
-                args=(kind, func, params, replace, apply),
-                name=f"reflector-{kind}",
-                daemon=True,
+            self.reflectors[kind] = Reflector(
+                kind, func, params, replace, apply, stop=self._stop, reset_connections=reset,
+                clock=self._monotonic,
             )
-            thread.start()
+        for reflector in self.reflectors.values():
+            reflector.start()
 
     def stop(self) -> None:
         self._stop.set()
-
-    def _reflect(self, kind, func, params, replace, apply) -> None:  # type: ignore[no-untyped-def]
-        from gpu_scheduler.kube import Gone, watch_events
-
-        why, backoff = "start", 1.0
-        while not self._stop.is_set():
-            try:
-                started = time.monotonic()
-                items, version = self._list(func, params)
-                replace(items)
-                metrics.CACHE_RELISTS.labels(kind, why).inc()
-                self._synced[kind].set()
-                log.info(
-                    "cache listed",
-                    extra={
-                        "kind": kind,
-                        "count": len(items),
-                        "why": why,
-                        "seconds": round(time.monotonic() - started, 3),
-                    },
-                )
-                del items
-                backoff = 1.0
-                while not self._stop.is_set():
-                    for event, obj in watch_events(func, version, WATCH_SECONDS, **params):
-                        version = (obj.get("metadata") or {}).get("resourceVersion") or version
-                        if event != "BOOKMARK":
-                            apply(event, obj)
-                        if self._stop.is_set():
-                            return
-            except Gone:
-                why = "gone"
-            except Exception as exc:
-                why = "error"
-                log.warning(
-                    "cache watch failed; relisting",
-                    extra={"kind": kind, "error": repr(exc), "backoff": backoff},
-                )
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
-
-    def _list(self, func, params) -> tuple[list[dict[str, Any]], str]:  # type: ignore[no-untyped-def]
-        items: list[dict[str, Any]] = []
-        token = None
-        while True:
-            response = func(limit=PAGE_SIZE, _continue=token, _preload_content=False, **params)
-            page = json.loads(response.data)
-            items.extend(page.get("items") or ())
-            meta = page.get("metadata") or {}
-            token = meta.get("continue")
-            if not token:
-                return items, meta.get("resourceVersion", "")

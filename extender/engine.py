@@ -69,7 +69,9 @@ def filter_nodes(
     j = 0
     for name, node in zip(names, nodes, strict=True):
         if node is None:
-            failed[name] = UNKNOWN_NODE
+            # Unresolvable: preemption cannot make the cache know a node. The pod is
+            # retried on the next cluster event (the node's own arrival is one).
+            unresolvable[name] = UNKNOWN_NODE
             continue
         if node.error is not None:
             unresolvable[name] = node.error

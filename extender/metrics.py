@@ -31,3 +31,28 @@ CACHE_RELISTS = Counter(
     "Full lists of a kind (start, 410 Gone, error)",
     ["kind", "why"],
 )
+CACHE_CONTACT = Gauge(
+    "gpu_scheduler_extender_cache_last_contact_timestamp_seconds",
+    "When the API server last said anything about a kind (list, event, bookmark, the "
+    "end of a watch); time() minus this is the age of the extender's view",
+    ["kind"],
+    multiprocess_mode="min",
+)
+RETRY_ANSWERS = Counter(
+    "gpu_scheduler_extender_retry_answers_total",
+    "Calls answered with an error so that kube-scheduler retries the pod soon, by why "
+    "(not-synced: the cache never listed; unknown-nodes: nothing fits among the nodes "
+    "it knows, and it does not know some candidates yet)",
+    ["verb", "why"],
+)
+HEARTBEAT_GUARD = Gauge(
+    "gpu_scheduler_extender_heartbeat_guard_tripped",
+    "1 while the heartbeat policy is not filtering because the view is stale or too "
+    "many agents look silent at once (the extender's problem, not the nodes')",
+    multiprocess_mode="max",
+)
+HEARTBEAT_GUARD_DECISIONS = Counter(
+    "gpu_scheduler_extender_heartbeat_guard_decisions_total",
+    "Filter calls in which the heartbeat guard kept silent-looking nodes in, by why",
+    ["why"],
+)

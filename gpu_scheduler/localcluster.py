@@ -81,6 +81,8 @@ class Process:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path
+    args: list[str] = field(default_factory=list)
+    env: Mapping[str, str] | None = None
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -115,6 +117,7 @@ class LocalCluster:
     kubeconfig: Path
     ca_file: Path
     processes: dict[str, Process] = field(default_factory=dict)
+    etcd_port: int = 0
 
     @property
     def server(self) -> str:
@@ -136,10 +139,54 @@ class LocalCluster:
                 cwd=ROOT,
                 start_new_session=True,
             )
-        proc = Process(name, popen, log_path)
+        proc = Process(name, popen, log_path, list(args), env)
         self.processes[name] = proc
         log.info("started", extra={"component": name, "pid": popen.pid, "log": str(log_path)})
         return proc
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to a process (its whole group) and wait for it to go."""
+        proc = self.processes[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.popen.pid, sig)
+        proc.popen.wait(30)
+
+    def respawn(self, name: str) -> Process:
+        """Start a stopped process again with the arguments it had."""
+        old = self.processes.pop(name)
+        if old.alive():
+            raise ControlPlaneError(f"{name} is still running")
+        proc = self.spawn(name, old.args, old.env)
+        if name == "kube-apiserver":
+            wait_url(f"{self.server}/readyz", 120, proc, ca_file=self.ca_file, token=ADMIN_TOKEN)
+        return proc
+
+    def kubeconfig_via(self, host_port: str) -> Path:
+        """A kubeconfig for the same admin, reaching the API server at ``host_port``
+        (a proxy on 127.0.0.1: the serving certificate names 127.0.0.1)."""
+        path = self.workdir / f"kubeconfig-{host_port.replace(':', '-')}"
+        _write_kubeconfig(path, f"https://{host_port}", self.ca_file, ADMIN_TOKEN)
+        return path
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision (what the API server does
+        every five minutes); returns that revision. Watches from before it get 410."""
+        import base64
+        import json
+
+        def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{self.etcd_port}{path}",
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return json.loads(response.read())
+
+        key = base64.b64encode(b"/").decode()
+        revision = int(post("/v3/kv/range", {"key": key, "limit": 1})["header"]["revision"])
+        post("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+        return revision
 
     def stop_process(self, name: str) -> None:
         proc = self.processes.pop(name, None)
@@ -301,6 +348,7 @@ def start_control_plane(workdir: Path, binary: Path | None = None) -> LocalClust
 def _start_core(cluster: LocalCluster, pki: Path, tokens: Path) -> None:
     binary, workdir = str(cluster.binary), cluster.workdir
     etcd_port, peer_port = free_port(), free_port()
+    cluster.etcd_port = etcd_port
     etcd = cluster.spawn(
         "etcd",
         [

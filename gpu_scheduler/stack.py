@@ -57,11 +57,19 @@ def deploy_documents(folder: str) -> list[dict[str, Any]]:
     return docs
 
 
-def scheduler_config(extender_url: str) -> dict[str, Any]:
-    """deploy/'s KubeSchedulerConfiguration with the extender at ``extender_url``."""
+def scheduler_config(
+    extender_url: str, *, profile: str | None = None, node_cache_capable: bool | None = None
+) -> dict[str, Any]:
+    """deploy/'s KubeSchedulerConfiguration with the extender at ``extender_url`` (and
+    optionally the profile renamed, or the extender told to send Node objects)."""
     cfg = yaml.safe_load((DEPLOY / "scheduler" / "scheduler-config.yaml").read_text())
     for extender in cfg.get("extenders") or []:
         extender["urlPrefix"] = extender_url
+        if node_cache_capable is not None:
+            extender["nodeCacheCapable"] = node_cache_capable
+    if profile is not None:
+        for item in cfg["profiles"]:
+            item["schedulerName"] = profile
     return cfg
 
 
@@ -98,21 +106,33 @@ class Stack:
 
     # --- components ---------------------------------------------------------------
     def start_extender(self, config: dict[str, Any] | None = None) -> Process:
+        """The stack's extender (cluster mode, direct to the API server)."""
         self.extender_port = self.extender_port or free_port()
-        args = [
-            *CLI,
-            "extender",
-            "--host=127.0.0.1",
-            f"--port={self.extender_port}",
-            "--node-source=cluster",
-            f"--kubeconfig={self.cluster.kubeconfig}",
-        ]
+        return self.spawn_extender("extender", self.extender_port, config)
+
+    def spawn_extender(
+        self,
+        name: str,
+        port: int,
+        config: dict[str, Any] | None = None,
+        *,
+        node_source: str = "cluster",
+        kubeconfig: Path | None = None,
+        wait: bool = True,
+    ) -> Process:
+        """An extender process named ``name`` on ``port`` (``kubeconfig``: another way
+        to the API server, e.g. through a proxy); waits for /readyz unless told not to."""
+        args = [*CLI, "extender", "--host=127.0.0.1", f"--port={port}"]
+        args.append(f"--node-source={node_source}")
+        if node_source == "cluster":
+            args.append(f"--kubeconfig={kubeconfig or self.cluster.kubeconfig}")
         if config is not None:
-            path = self.workdir / "extender-config.yaml"
+            path = self.workdir / f"{name}-config.yaml"
             path.write_text(yaml.safe_dump(config))
             args.append(f"--config={path}")
-        proc = self.cluster.spawn("extender", args)
-        wait_url(f"http://127.0.0.1:{self.extender_port}/readyz", 60, proc)
+        proc = self.cluster.spawn(name, args)
+        if wait:
+            wait_url(f"http://127.0.0.1:{port}/readyz", 60, proc)
         return proc
 
     def start_webhook(self) -> Process:

@@ -17,11 +17,12 @@ a fraction of 5,000 method calls.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from extender.model import NodeFacts, PodFacts
+from extender.view import View
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,20 +33,9 @@ class Failure:
     unresolvable: bool
 
 
-class ClusterView(Protocol):
-    """What the policies may ask about pods already running (the cluster cache)."""
-
-    #: GPUs requested by the pods bound to each node (absent: none). A snapshot the
-    #: policies may hold for the length of one request.
-    used: Mapping[str, int]
-
-    def used_gpus(self, node: str) -> int: ...
-
-    def group_zones(self, namespace: str, group: str) -> dict[str, int]: ...
-
-    def product_pressure(self) -> dict[str, float]: ...
-
-    def now(self) -> float: ...
+#: What the policies may ask about the cluster: an immutable snapshot for one request
+#: (``knows_usage`` False in args mode, where no pods are seen).
+ClusterView = View
 
 
 class Policy(Protocol):

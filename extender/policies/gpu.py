@@ -34,7 +34,12 @@ class GpuPolicy:
             return None  # a pod without GPUs fits every node as far as GPUs go
         return self._state(pod, view)
 
-    def pre_score(self, pod: PodFacts, view: ClusterView) -> _State:
+    def pre_score(self, pod: PodFacts, view: ClusterView) -> _State | None:
+        if pod.gpus and not view.knows_usage:
+            # Args mode sees no pods: "free" would be allocatable, and binpack would
+            # prefer the smallest node, not the fullest. NodeResourcesFit's
+            # MostAllocated, which knows real usage, decides the packing instead.
+            return None
         return self._state(pod, view)
 
     @staticmethod

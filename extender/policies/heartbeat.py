@@ -1,23 +1,53 @@
-"""heartbeat: no new GPU pods on a node whose gpu-scheduler agent has gone silent."""
+"""heartbeat: no new GPU pods on a node whose gpu-scheduler agent has gone silent.
+
+A node without the heartbeat annotation (labelled by GPU Feature Discovery, not our
+agent) is trusted as it is.
+
+The guard. The policy must not turn the extender's own trouble into a fleet-wide
+outage: heartbeats age against the clock, so a cache that stopped hearing from the
+API server sees every agent go silent after ``heartbeatWindow``. It therefore stops
+filtering, says so in ``gpu_scheduler_extender_heartbeat_guard_tripped`` and in the
+log, while
+
+- the view is stale (the API server has said nothing for ``STALE_AFTER`` seconds), or
+- more than half of the agent-managed nodes look silent at once, and at least
+  :data:`GUARD_MIN_SILENT` of them: agents do not fail together, a partition or a
+  stale view does. In cluster mode this counts every agent-managed node the cache
+  knows; in args mode the candidates of the call.
+
+A silent node fails as *unresolvable*: kube-scheduler's preemption must not evict pods
+from a node the extender will keep refusing. kube-scheduler still retries the pod on
+every cluster event (a heartbeat update is one), so the node is used again as soon
+as its agent reports.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Sequence
 from typing import ClassVar
 
+from extender import metrics
 from extender.model import NodeFacts, PodFacts
 from extender.policies.base import ClusterView, Failure
 from gpu_scheduler import contract
 
+log = logging.getLogger(__name__)
+
+#: The guard needs more than this share of agents silent at once...
+GUARD_SHARE = 0.5
+#: ...and at least this many of them.
+GUARD_MIN_SILENT = 2
+
 
 class HeartbeatPolicy:
-    """Filter only. A node without the heartbeat annotation (labelled by GPU Feature
-    Discovery, not our agent) is trusted as it is."""
-
     name: ClassVar[str] = "heartbeat"
 
     def __init__(self, window_seconds: float) -> None:
         self.window = window_seconds
+        self._tripped: str | None = None
+        self._lock = threading.Lock()
 
     def pre_score(self, pod: PodFacts, view: ClusterView) -> None:
         return None
@@ -25,7 +55,17 @@ class HeartbeatPolicy:
     def pre_filter(self, pod: PodFacts, view: ClusterView) -> float | None:
         if pod.gpus == 0 or self.window <= 0:
             return None
-        return view.now() - self.window
+        oldest = view.now() - self.window
+        why = "stale-view" if view.stale and view.knows_usage else None
+        counts = view.silent_agents(oldest)
+        if why is None and counts is not None and _too_many(*counts):
+            why = "many-silent"
+        if why is not None:
+            self._guard(why, counts)
+            return None
+        if counts is not None:
+            self._guard(None, counts)
+        return oldest
 
     def filter(self, oldest: float, node: NodeFacts, view: ClusterView) -> Failure | None:
         beat = node.heartbeat
@@ -35,11 +75,41 @@ class HeartbeatPolicy:
         return Failure(
             f"gpu-scheduler agent on this node is silent: last {contract.ANN_HEARTBEAT} "
             f"{age}s ago (window {int(self.window)}s)",
-            False,
+            True,
         )
 
     def suspects(self, oldest: float, nodes: Sequence[NodeFacts], view: ClusterView) -> list[int]:
-        return [i for i, n in enumerate(nodes) if n.heartbeat is not None and n.heartbeat < oldest]
+        silent = [
+            i for i, n in enumerate(nodes) if n.heartbeat is not None and n.heartbeat < oldest
+        ]
+        if silent and not view.knows_usage:  # args mode: judge by the candidates
+            managed = sum(1 for n in nodes if n.heartbeat is not None)
+            if _too_many(len(silent), managed):
+                self._guard("many-silent", (len(silent), managed))
+                return []
+            self._guard(None, (len(silent), managed))
+        return silent
 
-    def score_all(self, state: None, nodes: Sequence[NodeFacts], view: ClusterView) -> list[float]:
-        return [0.0] * len(nodes)  # never called: pre_score skips
+    def _guard(self, why: str | None, counts: tuple[int, int] | None) -> None:
+        if why is not None:
+            metrics.HEARTBEAT_GUARD_DECISIONS.labels(why).inc()
+        with self._lock:
+            if why == self._tripped:
+                return
+            self._tripped = why
+        metrics.HEARTBEAT_GUARD.set(0 if why is None else 1)
+        silent, managed = counts or (None, None)
+        if why is None:
+            log.info(
+                "heartbeat guard cleared: filtering silent agents again",
+                extra={"silent": silent, "agents": managed},
+            )
+        else:
+            log.warning(
+                "heartbeat guard tripped: not filtering on heartbeats",
+                extra={"why": why, "silent": silent, "agents": managed},
+            )
+
+
+def _too_many(silent: int, managed: int) -> bool:
+    return silent >= GUARD_MIN_SILENT and silent > GUARD_SHARE * managed

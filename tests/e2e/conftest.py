@@ -28,11 +28,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory):
-    if find_binary() is None:
+def control_plane_binary():
+    """The control-plane binary; without it the e2e tests skip (CI: fail)."""
+    binary = find_binary()
+    if binary is None:
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the e2e tests, but {HOW_TO_GET_IT}", pytrace=False)
         pytest.skip(HOW_TO_GET_IT)
+    return binary
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory, control_plane_binary):
     from gpu_scheduler.stack import start_stack
 
     workdir = tmp_path_factory.mktemp("cluster")
@@ -47,7 +54,8 @@ def stack(tmp_path_factory):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if report.failed and "stack" in getattr(item, "fixturenames", ()):
-        stack = item.funcargs.get("stack")
-        if stack is not None:
-            report.sections.append(("component logs", stack.cluster.failures()))
+    if report.failed:
+        for fixture in ("stack", "faults"):
+            stack = item.funcargs.get(fixture) if fixture in item.fixturenames else None
+            if stack is not None:
+                report.sections.append((f"{fixture}: component logs", stack.cluster.failures()))

@@ -48,6 +48,7 @@ def pod_manifest(
     node_name: str | None = None,
     scheduler: str | None = None,
     tolerations: list[dict[str, Any]] | None = None,
+    node_selector: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     resources: dict[str, Any] = {"requests": {"cpu": "100m", "memory": "64Mi"}}
     if gpus:
@@ -58,8 +59,8 @@ def pod_manifest(
         ],
         "terminationGracePeriodSeconds": 0,
     }
-    if case:
-        spec["nodeSelector"] = {CASE_LABEL: case}
+    if case or node_selector:
+        spec["nodeSelector"] = {**({CASE_LABEL: case} if case else {}), **(node_selector or {})}
     if node_name:
         spec["nodeName"] = node_name
     if scheduler:
@@ -78,6 +79,13 @@ def create_pod(stack, manifest: dict[str, Any], namespace: str = "default") -> d
     api = core(stack)
     api.create_namespaced_pod(namespace, manifest)
     return read_pod(stack, manifest["metadata"]["name"], namespace)
+
+
+def bind_pod(stack, node: str, gpus: int, annotations: dict[str, str] | None = None) -> str:
+    """A pod already running on ``node`` (bound directly, as if scheduled earlier)."""
+    name = unique("running")
+    create_pod(stack, pod_manifest(name, gpus, node_name=node, annotations=annotations))
+    return name
 
 
 def read_pod(stack, name: str, namespace: str = "default") -> dict[str, Any]:

@@ -12,6 +12,7 @@ import pytest
 
 from gpu_scheduler import contract
 from tests.e2e.kube import (
+    bind_pod,
     create_node,
     create_pod,
     delete_pod,
@@ -40,13 +41,6 @@ def gpu_node(stack, case, gpus, model=H100, **labels):
     )
 
 
-def bind(stack, node, gpus, annotations=None):
-    """A pod already running on ``node`` (bound directly, as if scheduled earlier)."""
-    name = unique("running")
-    create_pod(stack, pod_manifest(name, gpus, node_name=node, annotations=annotations))
-    return name
-
-
 def place(stack, case, gpus=1, annotations=None):
     name = unique("pod")
     pod = create_pod(stack, pod_manifest(name, gpus, case=case, annotations=annotations))
@@ -59,8 +53,8 @@ def test_binpack_fills_the_fullest_node_that_fits(stack):
     empty = gpu_node(stack, case, 8)
     half = gpu_node(stack, case, 8)
     almost = gpu_node(stack, case, 8)
-    bind(stack, half, 4)
-    bind(stack, almost, 7)
+    bind_pod(stack, half, 4)
+    bind_pod(stack, almost, 7)
     first = place(stack, case)
     assert wait_bound(stack, first) == almost  # 1 free: perfect fit
     second = place(stack, case, 2)
@@ -74,7 +68,7 @@ def test_min_gpu_memory_lands_only_on_80gib_gpus(stack):
     small = [gpu_node(stack, case, 8, A100_40) for _ in range(2)]
     big = gpu_node(stack, case, 8, A100_80)
     for node in small:
-        bind(stack, node, 7)  # binpack alone would pick these
+        bind_pod(stack, node, 7)  # binpack alone would pick these
     pod = place(stack, case, annotations={contract.ANN_MIN_GPU_MEMORY: "80Gi"})
     assert wait_bound(stack, pod) == big
 
@@ -103,8 +97,8 @@ def test_group_is_drawn_to_the_zone_it_runs_in(stack):
     zone_a = [gpu_node(stack, case, 8, **{contract.LABEL_ZONE: "zone-a"}) for _ in range(2)]
     zone_b = [gpu_node(stack, case, 8, **{contract.LABEL_ZONE: "zone-b"}) for _ in range(2)]
     group = {contract.ANN_GROUP: "llama-ft"}
-    bind(stack, zone_b[0], 2, annotations=group)
-    bind(stack, zone_a[0], 5)  # binpack alone would choose zone a's fuller node
+    bind_pod(stack, zone_b[0], 2, annotations=group)
+    bind_pod(stack, zone_a[0], 5)  # binpack alone would choose zone a's fuller node
     for _ in range(3):
         pod = place(stack, case, annotations=group)
         assert wait_bound(stack, pod) in zone_b
@@ -122,7 +116,7 @@ def test_node_with_a_stale_agent_heartbeat_gets_no_gpu_pods(stack):
     api = client.CoreV1Api(stack.api)
     api.patch_node(stale, {"metadata": {"annotations": {contract.ANN_HEARTBEAT: stale_at}}})
     api.patch_node(fresh, {"metadata": {"annotations": {contract.ANN_HEARTBEAT: fresh_at}}})
-    bind(stack, fresh, 7)  # fresh has 1 free; stale has 8
+    bind_pod(stack, fresh, 7)  # fresh has 1 free; stale has 8
     pod = place(stack, case)
     assert wait_bound(stack, pod) == fresh
     waiting = place(stack, case)  # fresh is full now, and stale must not take it

@@ -187,20 +187,14 @@ def test_heartbeat_round_trips_through_the_extender() -> None:
     assert facts.memory_mib == 81559 and facts.product == "NVIDIA-H100-80GB-HBM3"
     assert facts.allocatable == 8
 
-    class View:
-        def __init__(self, now: float) -> None:
-            self._now = now
-
-        def now(self) -> float:
-            return self._now
-
     from extender.model import PodFacts
+    from extender.view import View
 
     pod = PodFacts("default", "train", gpus=1)
     policy = HeartbeatPolicy(window_seconds=900)
-    fresh = View(NOW.timestamp() + 600)
+    fresh = View(now=NOW.timestamp() + 600)
     assert policy.filter(policy.pre_filter(pod, fresh), facts, fresh) is None  # type: ignore[arg-type]
-    stale = View(NOW.timestamp() + 901)
+    stale = View(now=NOW.timestamp() + 901)
     failure = policy.filter(policy.pre_filter(pod, stale), facts, stale)  # type: ignore[arg-type]
     assert failure is not None and contract.ANN_HEARTBEAT in failure.reason
 

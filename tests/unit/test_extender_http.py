@@ -13,7 +13,9 @@ from extender.app import create_app
 from extender.cache import ClusterCache
 from gpu_scheduler import contract
 from tests.factories import make_node, make_pod
-from tests.helpers import CLI, free_port, running, tail, wait_for
+from tests.fakeapi import synced_cache
+from tests.fuzz.servers import extender_args_mode
+from tests.helpers import wait_for
 
 H100 = dict(product="NVIDIA-H100-80GB-HBM3", memory_mib=81559)
 
@@ -29,17 +31,8 @@ def names_body(pod, names):
 
 @pytest.fixture(scope="module")
 def extender_url(tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("extender") / "extender.log"
-    cmd = [*CLI, "extender", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"]
-    with running(cmd, log) as proc:
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_for(lambda: requests.get(url + "/healthz", timeout=1).ok, 30, "extender")
-        except TimeoutError:
-            raise AssertionError(tail(log)) from None
+    with extender_args_mode(tmp_path_factory.mktemp("extender")) as (url, _pid, _log):
         yield url
-        assert proc.poll() is None, tail(log)
 
 
 def test_filter_args_mode_echoes_passing_node_objects(extender_url):
@@ -62,7 +55,14 @@ def test_prioritize_args_mode_returns_host_priority_list(extender_url):
     body = r.json()
     assert [h["Host"] for h in body] == ["a", "b"]
     assert all(set(h) == {"Host", "Score"} and type(h["Score"]) is int for h in body)
-    assert body[1]["Score"] == 10 and body[0]["Score"] < 10  # binpack: b fits exactly
+    # Args mode sees no pods, so it does not pretend to binpack (b only looks fuller):
+    # kube-scheduler's MostAllocated, which sees real usage, decides that.
+    assert body[0]["Score"] == body[1]["Score"]
+    spot = [make_node("a", 8, capacity_type="SPOT", **H100), make_node("b", 2, **H100)]
+    pod = make_pod(gpus=2, annotations={contract.ANN_SPOT: "prefer"})
+    scores = [h["Score"] for h in requests.post(
+        extender_url + "/prioritize", json=args_body(pod, spot)).json()]
+    assert scores[0] > scores[1]  # what the Node objects do say still scores
 
 
 def test_node_names_in_args_mode_is_a_clear_400(extender_url):
@@ -194,25 +194,23 @@ def test_ops_endpoints(extender_url):
 # --- cluster mode: the app with a cache filled as list+watch would -----------------
 @pytest.fixture
 def cluster_client():
-    cache = ClusterCache(clock=lambda: 1_800_000_000.0)
-    cache.replace_nodes(
+    cache = synced_cache(
         [
             make_node("a", 8, zone="z1", **H100),
             make_node("b", 8, zone="z2", **H100),
             make_node("c", 4, zone="z1", **H100),
             make_node("cpu", zone="z1"),
-        ]
-    )
-    cache.replace_pods(
+        ],
         [
             make_pod("r1", 6, node="a", phase="Running"),
             make_pod("r2", 3, node="c", phase="Running"),
             make_pod("done", 8, node="b", phase="Succeeded"),
-        ]
+        ],
+        clock=lambda: 1_800_000_000.0,
     )
-    assert cache.ready()[0] is False  # not synced by a watch: readyz says so
     app = create_app(node_source="cluster", cache=cache)
-    return app.test_client(), cache
+    yield app.test_client(), cache
+    cache.stop()
 
 
 def test_cluster_mode_answers_with_node_names_and_counts_running_pods(cluster_client):
@@ -221,11 +219,11 @@ def test_cluster_mode_answers_with_node_names_and_counts_running_pods(cluster_cl
     body = r.get_json()
     assert set(body) == {"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
     assert body["NodeNames"] == ["a", "b"]
-    assert body["FailedNodes"] == {
-        "c": "1 of 4 GPUs free; pod requests 2",
+    assert body["FailedNodes"] == {"c": "1 of 4 GPUs free; pod requests 2"}
+    assert body["FailedAndUnresolvableNodes"] == {
+        "cpu": "node has no GPUs (no allocatable nvidia.com/gpu)",
         "new": "node is not in the extender's node cache yet (just added?)",
     }
-    assert list(body["FailedAndUnresolvableNodes"]) == ["cpu"]
     r = client.post("/prioritize", json=names_body(make_pod(gpus=2), ["a", "b"]))
     scores = {h["Host"]: h["Score"] for h in r.get_json()}
     assert scores["a"] > scores["b"]  # binpack: a has 2 free, b has 8
@@ -237,12 +235,29 @@ def test_cluster_mode_accepts_node_objects_too_and_uses_the_pod_cache(cluster_cl
     assert r.get_json()["FailedNodes"] == {"a": "2 of 8 GPUs free; pod requests 4"}
 
 
-def test_cluster_mode_readyz_waits_for_first_list(cluster_client):
-    client, cache = cluster_client
-    assert client.get("/readyz").status_code == 503
-    for event in cache._synced.values():
-        event.set()
-    assert client.get("/readyz").get_json()["ready"] is True
+def test_cluster_mode_before_the_first_list_answers_an_error_and_is_not_ready():
+    from tests.fakeapi import FakeCore
+
+    core = FakeCore([make_node("a", 8, **H100)])
+    core.list_node.hold.set()  # the first list of nodes does not come back yet
+    cache = ClusterCache()
+    cache.start(core)
+    client = create_app(node_source="cluster", cache=cache).test_client()
+    try:
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and "first list of nodes" in ready.get_json()["detail"]
+        body = client.post("/filter", json=names_body(make_pod(gpus=1), ["a"])).get_json()
+        # Error, not "every node unknown": kube-scheduler retries within seconds instead
+        # of parking the pod as unschedulable.
+        assert "has not synced yet" in body["Error"]
+        r = client.post("/prioritize", json=names_body(make_pod(gpus=1), ["a"]))
+        assert r.status_code == 503
+        core.list_node.hold.clear()
+        wait_for(lambda: client.get("/readyz").status_code == 200, 5, "readyz")
+        body = client.post("/filter", json=names_body(make_pod(gpus=1), ["a"])).get_json()
+        assert body["Error"] == "" and body["NodeNames"] == ["a"]
+    finally:
+        cache.stop()
 
 
 def test_group_zone_via_cache(cluster_client):

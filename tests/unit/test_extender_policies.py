@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from extender.cache import StaticView
 from extender.config import ConfigError, ExtenderConfig, config_from_mapping
 from extender.engine import UNKNOWN_NODE, filter_nodes, score_nodes
 from extender.model import NodeFacts, node_facts, pod_facts
 from extender.policies import build_policies
+from extender.view import View as ClusterView
 from gpu_scheduler import contract
 from gpu_scheduler.fields import FieldError
 from tests.factories import make_node, make_pod
@@ -18,19 +18,18 @@ POLICIES = build_policies(CFG)
 NOW = 1_800_000_000.0
 
 
-class View(StaticView):
-    def __init__(self, used=None, groups=None):
-        self.used = used or {}
-        self.groups = groups or {}
-
-    def used_gpus(self, node):
-        return self.used.get(node, 0)
-
-    def group_zones(self, namespace, group):
-        return dict(self.groups.get((namespace, group), {}))
-
-    def now(self):
-        return NOW
+def View(used=None, groups=None, pressure=None, nodes=None, **kw):
+    """A cluster-mode view (usage known) at NOW."""
+    return ClusterView(
+        used=used or {},
+        groups=groups or {},
+        pressure=pressure or {},
+        nodes=nodes or {},
+        now=NOW,
+        knows_usage=True,
+        age=1.0,
+        **kw,
+    )
 
 
 def facts(*nodes):
@@ -99,9 +98,9 @@ def test_legacy_memory_label_is_read():
     assert run_filter(pod, facts(node)).passed == ["old"]
 
 
-def test_unknown_node_is_failed_not_dropped():
+def test_unknown_node_is_unresolvable_not_dropped():
     out = filter_nodes(pod_facts(make_pod()), ["ghost"], [None], View(), POLICIES)
-    assert out.failed == {"ghost": UNKNOWN_NODE}
+    assert out.unresolvable == {"ghost": UNKNOWN_NODE}
 
 
 def test_bad_annotation_fails_every_node_with_its_reason():
@@ -197,7 +196,7 @@ def test_group_is_drawn_to_its_zone():
         make_node("b1", 8, zone="b", **H100),
         make_node("nz", 8, **H100),
     )
-    view = View(groups={("default", "job"): {"b": 3}})
+    view = View(groups={("default", "job"): {"b1": 3}}, nodes={n.name: n for n in nodes})
     pod = make_pod(annotations={contract.ANN_GROUP: "job"})
     scores = run_score(pod, nodes, view)
     assert scores[1] > scores[0] and scores[1] > scores[2]
@@ -218,8 +217,9 @@ def test_silent_agent_gets_no_gpu_pods_but_gfd_nodes_are_trusted():
     )
     out = run_filter(make_pod(), nodes)
     assert out.passed == ["fresh", "gfd"]
-    assert "agent on this node is silent" in out.failed["stale"]
-    assert "3600s ago (window 900s)" in out.failed["stale"]
+    # unresolvable: preemption must not evict pods for a node that keeps being refused
+    assert "agent on this node is silent" in out.unresolvable["stale"]
+    assert "3600s ago (window 900s)" in out.unresolvable["stale"]
     assert run_filter(make_pod(gpus=0), nodes).passed == ["fresh", "stale", "gfd"]
 
 
@@ -306,13 +306,8 @@ def test_label_values_we_do_not_read_may_have_any_type():
 
 
 # --- scarcity ----------------------------------------------------------------------
-class PressureView(View):
-    def __init__(self, pressure, used=None):
-        super().__init__(used=used)
-        self.pressure = pressure
-
-    def product_pressure(self):
-        return dict(self.pressure)
+def PressureView(pressure, used=None):
+    return View(used=used, pressure=pressure)
 
 
 def test_unrestricted_pods_leave_the_model_restricted_pods_need():
@@ -348,17 +343,17 @@ def test_cache_pressure_from_bound_pods_and_node_capacity():
             make_node("g2b", 8, product="G2"),
         ]
     )
-    assert cache.product_pressure() == {}
+    assert dict(cache.view().pressure) == {}
     cache.pod_event(
         "ADDED",
         make_pod("r", 2, node="t4", phase="Running", annotations={contract.ANN_GPU_PRODUCTS: "T4"}),
     )
     cache.pod_event("ADDED", make_pod("u", 2, node="g2a", phase="Running"))
-    pressure = cache.product_pressure()
+    pressure = cache.view().pressure
     # half the demand is restricted to T4, which holds 2 of 18 GPUs
     assert pressure["T4"] == pytest.approx(0.5 / (2 / 18))
     assert pressure["G2"] == 0
     cache.node_event("DELETED", {"metadata": {"name": "g2b"}})
-    assert cache.product_pressure()["T4"] == pytest.approx(0.5 / (2 / 10))
+    assert cache.view().pressure["T4"] == pytest.approx(0.5 / (2 / 10))
     cache.pod_event("DELETED", make_pod("r", 2, node="t4"))
-    assert cache.product_pressure()["T4"] == 0
+    assert cache.view().pressure["T4"] == 0

@@ -1,0 +1,197 @@
+"""List, then watch, one kind of object, for as long as the extender runs, and know
+how old what it has is.
+
+client-go's reflector, in small, with the liveness a half-open connection needs:
+
+- every list and watch call has a client-side read timeout of :data:`SILENCE` seconds:
+  a call that delivers nothing for that long (a load balancer whose backend died keeps
+  the TCP connection open and silent) is abandoned, the client's idle connections are
+  dropped, and the kind is listed again over a new connection;
+- watches ask the API server to end them after about :data:`WATCH_SECONDS` (with
+  jitter) and for bookmarks, which it sends ~2 s before that end: a healthy watch
+  therefore says something at least every :data:`WATCH_SECONDS`, well inside
+  :data:`SILENCE`;
+- TCP keepalive is on for the client's sockets (``gpu_scheduler.kube``), so a peer
+  that vanished without a word is noticed by the kernel too;
+- a broken watch (the API server restarting, a reset connection) resumes from the
+  last resourceVersion it saw, and a failed list is tried again, after a backoff of
+  0.5 s doubling to :data:`MAX_BACKOFF`, so the view is current within seconds of the
+  API server coming back; a 410 Gone (that resourceVersion was compacted away) lists
+  again at once.
+
+:attr:`Reflector.contact` is when the API server last said anything for this kind (a
+list, an event, a bookmark, the clean end of a watch); its age is the age of the view.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from extender import metrics
+
+log = logging.getLogger(__name__)
+
+#: A watch is asked to end after this many seconds (plus up to 5 s of jitter).
+WATCH_SECONDS = 30
+#: Longest silence on a list or watch call before it is abandoned, in seconds.
+SILENCE = 50.0
+CONNECT_TIMEOUT = 10.0
+#: Longest wait between two attempts after a failure, in seconds.
+MAX_BACKOFF = 4.0
+PAGE_SIZE = 500
+
+ListFunc = Callable[..., Any]
+
+
+class Reflector:
+    """One kind: ``replace(items)`` after each list, ``apply(type, obj)`` per event."""
+
+    def __init__(
+        self,
+        kind: str,
+        list_func: ListFunc,
+        params: Mapping[str, Any],
+        replace: Callable[[Iterable[Mapping[str, Any]]], None],
+        apply: Callable[[str, Mapping[str, Any]], None],
+        *,
+        stop: threading.Event,
+        reset_connections: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+        silence: float = SILENCE,
+        watch_seconds: int = WATCH_SECONDS,
+    ) -> None:
+        self.kind = kind
+        self.list_func = list_func
+        self.params = dict(params)
+        self.replace = replace
+        self.apply = apply
+        self.stop = stop
+        self.reset_connections = reset_connections
+        self.clock = clock
+        self.silence = silence
+        self.watch_seconds = watch_seconds
+        self.synced = threading.Event()
+        #: Monotonic time the API server last said anything about this kind.
+        self.contact: float | None = None
+        self.relists = 0
+        self._version: str | None = None
+
+    def age(self) -> float | None:
+        """Seconds since the last word from the API server (None: never listed)."""
+        return None if self.contact is None else max(0.0, self.clock() - self.contact)
+
+    def _touch(self) -> None:
+        self.contact = self.clock()
+        metrics.CACHE_CONTACT.labels(self.kind).set(time.time())
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.run, name=f"reflector-{self.kind}", daemon=True)
+        thread.start()
+        return thread
+
+    def run(self) -> None:
+        from gpu_scheduler.kube import Gone, is_timeout
+
+        why, backoff = "start", 0.5
+        version: str | None = None  # None: list first
+        while not self.stop.is_set():
+            try:
+                if version is None:
+                    version = self._list(why)
+                self._watch(version)
+                version = self._version or version  # ended on time: watch on from here
+                backoff = 0.5
+            except Gone:
+                why, version = "gone", None
+            except Exception as exc:
+                if self.stop.is_set():
+                    return
+                self.reset_connections()
+                if is_timeout(exc):
+                    # Silence: maybe a half-open connection; list again over a new one.
+                    why, version = "silence", None
+                    log.warning(
+                        "the API server went silent; dropping connections and listing again",
+                        extra={"kind": self.kind, "silence_s": self.silence},
+                    )
+                    continue
+                # A broken watch resumes from the last resourceVersion it saw (client-go
+                # does the same); a failed list is tried again. Either after a backoff.
+                if version is not None:
+                    version = self._version or version
+                else:
+                    why = "error"
+                log.warning(
+                    "cache list or watch failed; trying again",
+                    extra={
+                        "kind": self.kind,
+                        "error": repr(exc),
+                        "backoff_s": backoff,
+                        "resume_from": version,
+                    },
+                )
+                self.stop.wait(backoff * random.uniform(0.8, 1.2))
+                backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def _list(self, why: str) -> str:
+        started = time.monotonic()
+        items: list[Any] = []
+        token = None
+        while True:
+            response = self.list_func(
+                limit=PAGE_SIZE,
+                _continue=token,
+                _preload_content=False,
+                _request_timeout=(CONNECT_TIMEOUT, self.silence),
+                **self.params,
+            )
+            page = json.loads(response.data)
+            items.extend(page.get("items") or ())
+            meta = page.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                break
+        version = str(meta.get("resourceVersion") or "")
+        self.replace(items)
+        self._version = version
+        self._touch()
+        self.relists += 1
+        metrics.CACHE_RELISTS.labels(self.kind, why).inc()
+        self.synced.set()
+        log.info(
+            "cache listed",
+            extra={
+                "kind": self.kind,
+                "count": len(items),
+                "why": why,
+                "seconds": round(time.monotonic() - started, 3),
+            },
+        )
+        return version
+
+    def _watch(self, version: str) -> None:
+        from gpu_scheduler.kube import watch_events
+
+        seconds = self.watch_seconds + random.randint(0, 5)
+        for event, obj in watch_events(
+            self.list_func,
+            version,
+            seconds,
+            request_timeout=(CONNECT_TIMEOUT, self.silence),
+            **self.params,
+        ):
+            meta = obj.get("metadata")
+            if isinstance(meta, Mapping) and isinstance(meta.get("resourceVersion"), str):
+                self._version = meta["resourceVersion"]
+            self._touch()
+            if event != "BOOKMARK":
+                self.apply(event, obj)
+            if self.stop.is_set():
+                return
+        self._touch()  # the server ended the watch on time: it is alive

@@ -1,0 +1,106 @@
+"""What the policies may know about the cluster, fixed for the length of one request.
+
+A :class:`View` is immutable once made: the cluster cache builds a new one when the
+API server has said something new (or a second has passed), and a request keeps the
+one it started with, so a node never vanishes mid-request and a pod's GPUs are never
+counted half-moved.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from extender.model import NodeFacts
+
+EMPTY: Mapping[Any, Any] = MappingProxyType({})
+
+
+class View:
+    """The cluster as one request sees it (``ClusterView`` in the policies)."""
+
+    __slots__ = (
+        "age",
+        "beats",
+        "groups",
+        "knows_usage",
+        "nodes",
+        "pods",
+        "pressure",
+        "stale",
+        "time",
+        "used",
+        "version",
+    )
+
+    def __init__(
+        self,
+        *,
+        nodes: Mapping[str, NodeFacts] = EMPTY,
+        used: Mapping[str, int] = EMPTY,
+        groups: Mapping[tuple[str, str], Mapping[str, int]] = EMPTY,
+        pressure: Mapping[str, float] = EMPTY,
+        beats: Sequence[float] = (),
+        pods: int = 0,
+        now: float | None = None,
+        knows_usage: bool = False,
+        age: float | None = None,
+        stale: bool = False,
+        version: Any = None,
+    ) -> None:
+        #: Node facts by name (cluster mode; empty in args mode).
+        self.nodes = nodes
+        #: GPUs requested by the pods bound to each node (absent: none).
+        self.used = used
+        #: (namespace, group) -> node -> pods of that placement group bound there.
+        self.groups = groups
+        self.pressure = pressure
+        #: Agent heartbeats of every node that has one, sorted (seconds since epoch).
+        self.beats = beats
+        self.pods = pods
+        self.time = time.time() if now is None else now
+        #: False in args mode: nothing is known of the pods already running.
+        self.knows_usage = knows_usage
+        #: Seconds since the API server last said anything (None: no cache).
+        self.age = age
+        #: True when that is longer than the cache trusts (``STALE_AFTER``).
+        self.stale = stale
+        self.version = version
+
+    def used_gpus(self, node: str) -> int:
+        return self.used.get(node, 0)
+
+    def group_zones(self, namespace: str, group: str) -> dict[str, int]:
+        """Zone -> pods of this placement group already running there."""
+        zones: dict[str, int] = {}
+        for name, count in self.groups.get((namespace, group), EMPTY).items():
+            node = self.nodes.get(name)
+            if node is not None and node.zone:
+                zones[node.zone] = zones.get(node.zone, 0) + count
+        return zones
+
+    def product_pressure(self) -> Mapping[str, float]:
+        return self.pressure
+
+    def now(self) -> float:
+        return self.time
+
+    def silent_agents(self, oldest: float) -> tuple[int, int] | None:
+        """(agents whose heartbeat is older than ``oldest``, agents) across the whole
+        cluster; None when the view does not know the cluster (args mode)."""
+        if not self.knows_usage:
+            return None
+        return bisect.bisect_left(self.beats, oldest), len(self.beats)
+
+    def lookup(self, names: Sequence[str]) -> list[NodeFacts | None]:
+        get = self.nodes.get
+        return [get(name) for name in names]
+
+
+def args_view() -> View:
+    """The view in args mode: the Node objects come in the request; no pods are seen,
+    so usage is unknown (not zero)."""
+    return View()

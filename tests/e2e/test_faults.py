@@ -1,0 +1,317 @@
+"""What the control plane does to the extender, injected on a control plane of its own.
+
+Each scenario runs its own extender and its own kube-scheduler profile (so pods pick
+the scenario by ``schedulerName``); where the fault is in the network, the extender
+reaches the API server through :class:`tests.e2e.faults.Proxy`. Measured bounds are
+quoted in the README's "Failure modes".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import requests
+
+from gpu_scheduler import contract
+from gpu_scheduler.localcluster import Process, free_port, start_control_plane
+from gpu_scheduler.stack import Stack, scheduler_config
+from gpu_scheduler.timestamps import rfc3339
+from tests.e2e.faults import Proxy
+from tests.e2e.kube import (
+    bind_pod,
+    core,
+    create_node,
+    create_pod,
+    gpu_labels,
+    pod_manifest,
+    unique,
+    wait_bound,
+    wait_event,
+)
+from tests.helpers import wait_for
+
+H100 = ("NVIDIA-H100-80GB-HBM3", 81559)
+TOLERATE_GPU = [dict(contract.GPU_TOLERATION)]
+GPU_TAINT = [{"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}]
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory, control_plane_binary):
+    work = tmp_path_factory.mktemp("faults")
+    stack = Stack(start_control_plane(work / "cluster", control_plane_binary), work)
+    stack.api = stack.cluster.api_client()
+    yield stack
+    stack.stop()
+
+
+@dataclass
+class Scenario:
+    stack: Stack
+    name: str
+    profile: str
+    port: int
+    extender: Process
+    proxy: Proxy | None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def ready(self) -> int:
+        try:
+            return requests.get(self.url + "/readyz", timeout=2).status_code
+        except requests.RequestException:
+            return 0
+
+    def filter(self, pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
+        body = {"Pod": pod, "NodeNames": names}
+        return requests.post(self.url + "/filter", json=body, timeout=5).json()
+
+    def metric(self, line_start: str) -> float:
+        for line in requests.get(self.url + "/metrics", timeout=5).text.splitlines():
+            if line.startswith(line_start):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def pod(self, gpus: int, case: str, **kw: Any) -> str:
+        name = unique(self.name)
+        manifest = pod_manifest(
+            name, gpus, case=case, scheduler=self.profile, tolerations=TOLERATE_GPU, **kw
+        )
+        create_pod(self.stack, manifest)
+        return name
+
+    def node(self, case: str, gpus: int = 8, **annotations: str) -> str:
+        return create_node(
+            self.stack,
+            unique(case),
+            case=case,
+            gpus=gpus,
+            labels=gpu_labels(gpus, *H100),
+            annotations=annotations,
+            taints=GPU_TAINT,
+        )
+
+
+@contextlib.contextmanager
+def scenario(
+    stack: Stack, name: str, *, proxied: bool = True, hold: bool = False, args_mode: bool = False
+) -> Iterator[Scenario]:
+    cluster = stack.cluster
+    proxy = Proxy(cluster.api_port).start() if proxied else None
+    if proxy is not None and hold:
+        proxy.hold()
+    port = free_port()
+    extender = stack.spawn_extender(
+        f"extender-{name}",
+        port,
+        node_source="args" if args_mode else "cluster",
+        kubeconfig=cluster.kubeconfig_via(proxy.address) if proxy else None,
+        wait=not hold,
+    )
+    profile = f"gpu-{name}"
+    config = scheduler_config(
+        f"http://127.0.0.1:{port}", profile=profile, node_cache_capable=not args_mode
+    )
+    cluster.start_scheduler(f"scheduler-{name}", config)
+    try:
+        yield Scenario(stack, name, profile, port, extender, proxy)
+    finally:
+        cluster.stop_process(f"scheduler-{name}")
+        cluster.stop_process(f"extender-{name}")
+        if proxy is not None:
+            proxy.stop()
+
+
+def test_a_half_open_connection_is_detected_and_healed(faults):
+    """The proxy freezes the extender's connections (new ones still go through): within
+    the silence bound (50 s) the watches are abandoned and the kinds listed again over
+    new connections. /readyz says 503 while the view is over 40 s old."""
+    with scenario(faults, "halfopen") as s:
+        wait_for(lambda: s.ready() == 200, 30, "extender ready")
+        assert s.proxy is not None and s.proxy.freeze() >= 2  # both watches frozen
+        frozen_at = time.monotonic()
+        node = s.node("halfopen")
+        pod = s.pod(1, "halfopen")
+        states: list[tuple[float, int]] = []
+        bound_at = None
+        while time.monotonic() - frozen_at < 120:
+            states.append((time.monotonic() - frozen_at, s.ready()))
+            if core(faults).read_namespaced_pod(pod, "default").spec.node_name:
+                bound_at = time.monotonic() - frozen_at
+                break
+            time.sleep(0.5)
+        assert bound_at is not None, f"pod not bound in 120 s; readyz: {states[-5:]}"
+        assert core(faults).read_namespaced_pod(pod, "default").spec.node_name == node
+        assert bound_at < 90, bound_at
+        stale = [t for t, code in states if code == 503]
+        assert stale, f"/readyz never said the view was too old: {states}"
+        assert any(code == 200 for t, code in states if t > stale[-1]) or s.ready() == 200
+        assert "went silent" in s.extender.log_path.read_text()
+        print(f"half-open: 503 from {stale[0]:.0f}s to {stale[-1]:.0f}s; bound {bound_at:.0f}s")
+
+
+def test_a_slow_first_list_does_not_park_pods(faults):
+    """The extender's first list is held for 20 s; GPU pods created meanwhile get an
+    error answer (kube-scheduler retries within 10 s), not 'unknown node', and are
+    bound within 30 s of the cache syncing."""
+    with scenario(faults, "slowlist", hold=True) as s:
+        node = s.node("slowlist")
+        pod = s.pod(2, "slowlist")
+        time.sleep(20)
+        assert s.ready() == 503
+        assert not core(faults).read_namespaced_pod(pod, "default").spec.node_name
+        wait_event(faults, pod, "has not synced yet", timeout=10)
+        assert s.proxy is not None
+        s.proxy.release()
+        wait_for(lambda: s.ready() == 200, 60, "extender synced")
+        synced_at = time.monotonic()
+        assert wait_bound(faults, pod, timeout=45) == node
+        waited = time.monotonic() - synced_at
+        assert waited < 30, waited
+        print(f"slow first list: bound {waited:.1f}s after the cache synced")
+
+
+class Hammer:
+    """Calls /filter every 0.2 s and keeps every answer."""
+
+    def __init__(self, s: Scenario, pod: dict[str, Any], names: list[str]) -> None:
+        self.s, self.pod, self.names = s, pod, names
+        self.answers: list[tuple[int, str]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Hammer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+    def _run(self) -> None:
+        body = {"Pod": self.pod, "NodeNames": self.names}
+        while not self.stop.wait(0.2):
+            try:
+                r = requests.post(self.s.url + "/filter", json=body, timeout=5)
+                self.answers.append((r.status_code, r.json().get("Error", "")))
+            except requests.RequestException as exc:
+                self.answers.append((0, repr(exc)))
+
+
+def gpu_pod_json(gpus: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "probe", "namespace": "default"},
+        "spec": {"containers": [{"resources": {"limits": {contract.RESOURCE_GPU: str(gpus)}}}]},
+    }
+
+
+def test_apiserver_restart_and_a_compacted_history(faults):
+    """SIGKILL the API server: the extender answers 200 from what it knew throughout,
+    and is current within 10 s of the API server being ready again. Then, with its
+    watches frozen behind the proxy, pods change, etcd is compacted and the API server
+    restarted: its watches resume from a compacted resourceVersion, get 410 Gone, list
+    again, and the free GPUs it reports are the truth."""
+    cluster = faults.cluster
+    with scenario(faults, "restart") as s:
+        wait_for(lambda: s.ready() == 200, 30, "extender ready")
+        a = s.node("restart")
+        wait_for(lambda: s.filter(gpu_pod_json(1), [a])["NodeNames"] == [a], 10, "a known")
+        with Hammer(s, gpu_pod_json(1), [a]) as hammer:
+            cluster.kill("kube-apiserver")
+            time.sleep(3)
+            cluster.respawn("kube-apiserver")
+            ready_at = time.monotonic()
+            b = s.node("restart")
+            wait_for(lambda: s.filter(gpu_pod_json(1), [b])["NodeNames"] == [b], 30, "b seen")
+            current = time.monotonic() - ready_at
+        assert current < 10, current
+        answers = hammer.answers
+        assert answers and all(code == 200 and not error for code, error in answers), answers
+        print(f"restart: {len(answers)} calls answered 200; current {current:.1f}s after ready")
+
+        # A compacted history behind a frozen watch.
+        assert s.proxy is not None
+        s.proxy.freeze()
+        for gpus in (3, 2):
+            bind_pod(faults, a, gpus)
+        gone_before = s.metric('gpu_scheduler_extender_cache_relists_total{kind="pods",why="gone"')
+        cluster.compact_etcd()
+        cluster.kill("kube-apiserver")
+        cluster.respawn("kube-apiserver")
+        s.proxy.reset()  # the frozen watches end; they resume from before the compaction
+        wait_for(
+            lambda: s.metric('gpu_scheduler_extender_cache_relists_total{kind="pods",why="gone"')
+            > gone_before,
+            30,
+            "a relist after 410 Gone",
+        )
+        assert s.filter(gpu_pod_json(3), [a])["NodeNames"] == [a]  # 8 - 3 - 2 = 3 free
+        refused = s.filter(gpu_pod_json(4), [a])["FailedNodes"][a]
+        assert refused == "3 of 8 GPUs free; pod requests 4"
+
+
+def test_args_mode_cannot_pack_by_usage_and_says_so_cluster_mode_does(faults):
+    """The pair from the issue: an 8-GPU node with 7 in use and an empty 2-GPU node;
+    a 1-GPU pod, then a 2-GPU pod.
+
+    In args mode (nodeCacheCapable: false) nobody can pack by usage: the extender sees
+    no pods (so it scores both nodes alike rather than binpack on allocatable), and
+    kube-scheduler itself hands its score plugins fresh NodeInfos without pods after
+    such an extender's filter (pkg/scheduler/extender.go, Filter: NewNodeInfo +
+    SetNode), so MostAllocated sees both nodes empty and picks the small one. The 2-GPU
+    pod then fits nowhere. In cluster mode the extender knows the 7 GPUs in use, and
+    both pods land."""
+    pair = [("big", 8), ("small", 2)]
+    with scenario(faults, "argsmode", proxied=False, args_mode=True) as s:
+        big, small = (s.node("argsmode", gpus) for _, gpus in pair)
+        bind_pod(faults, big, 7)
+        serialize = faults.api.sanitize_for_serialization
+        nodes = [serialize(core(faults).read_node(n)) for n in (big, small)]
+        body = {"Pod": gpu_pod_json(1), "Nodes": {"items": nodes}}
+        scores = requests.post(s.url + "/prioritize", json=body).json()
+        assert scores[0]["Score"] == scores[1]["Score"]  # no pretending to know usage
+        one = s.pod(1, "argsmode")
+        assert wait_bound(faults, one, timeout=30) == small  # MostAllocated, blinded
+        two = s.pod(2, "argsmode")
+        wait_event(faults, two, "Insufficient nvidia.com/gpu", timeout=30)
+    with scenario(faults, "clustermode", proxied=False) as s:
+        big, small = (s.node("clustermode", gpus) for _, gpus in pair)
+        bind_pod(faults, big, 7)
+        wait_for(lambda: s.filter(gpu_pod_json(2), [big])["FailedNodes"], 10, "usage seen")
+        one = s.pod(1, "clustermode")
+        assert wait_bound(faults, one, timeout=30) == big
+        two = s.pod(2, "clustermode")
+        assert wait_bound(faults, two, timeout=30) == small
+
+
+def test_heartbeat_guard(faults):
+    """One silent agent among many keeps its node free of new GPU pods; every agent
+    silent at once (a partition, not five failures) trips the guard: pods are placed,
+    and the metric and the log say why."""
+    now = dt.datetime.now(dt.UTC)
+    fresh, old = rfc3339(now), rfc3339(now - dt.timedelta(hours=1))
+    with scenario(faults, "heartbeat", proxied=False) as s:
+        nodes = [s.node("heartbeat", **{contract.ANN_HEARTBEAT: fresh}) for _ in range(4)]
+        silent = s.node("heartbeat", **{contract.ANN_HEARTBEAT: old})
+        wait_for(lambda: s.ready() == 200, 30, "extender ready")
+        pinned = s.pod(1, "heartbeat", node_selector={"kubernetes.io/hostname": silent})
+        wait_event(faults, pinned, "agent on this node is silent", timeout=30)
+        assert s.metric("gpu_scheduler_extender_heartbeat_guard_tripped") == 0
+        free = s.pod(1, "heartbeat")
+        assert wait_bound(faults, free, timeout=30) in nodes
+        assert not core(faults).read_namespaced_pod(pinned, "default").spec.node_name
+        for name in nodes:
+            core(faults).patch_node(
+                name, {"metadata": {"annotations": {contract.ANN_HEARTBEAT: old}}}
+            )
+        assert wait_bound(faults, pinned, timeout=60) == silent
+        assert s.metric("gpu_scheduler_extender_heartbeat_guard_tripped") == 1
+        assert "heartbeat guard tripped" in s.extender.log_path.read_text()

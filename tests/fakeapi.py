@@ -1,0 +1,145 @@
+"""An explicit fake of the API server's list and watch, for one kind of object.
+
+It stands where a ``CoreV1Api.list_*`` method stands: called without ``watch`` it
+answers a list page (``limit``/``continue`` honoured) with the current objects and
+resourceVersion; with ``watch=True`` it streams the events the test queues, as JSON
+lines, until the test ends the watch (:meth:`end_watch`) or sends a 410
+(:meth:`gone`). A watch given nothing to send for its read timeout raises urllib3's
+``ReadTimeoutError``, as a silent connection does. :class:`FakeCore` holds one per
+kind the extender's cache reflects.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from urllib3.exceptions import ReadTimeoutError
+
+_END = object()
+
+
+class _ListResponse:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class _WatchResponse:
+    def __init__(self, api: FakeListWatch, events: queue.Queue[Any], read_timeout: float) -> None:
+        self.api = api
+        self.events = events
+        self.read_timeout = read_timeout
+        self.closed = False
+
+    def stream(self, amt: Any = None, decode_content: bool = False) -> Iterator[bytes]:
+        while not self.closed:
+            try:
+                item = self.events.get(timeout=self.read_timeout)
+            except queue.Empty:
+                raise ReadTimeoutError(None, "/watch", "Read timed out.") from None
+            if item is _END:
+                return
+            yield json.dumps(item).encode() + b"\n"
+
+    def close(self) -> None:
+        self.closed = True
+
+    def release_conn(self) -> None:
+        pass
+
+
+class FakeListWatch:
+    """One kind's list and watch. ``objects`` are dicts with ``metadata.name``."""
+
+    def __init__(self, objects: Iterable[Mapping[str, Any]] = (), version: int = 100) -> None:
+        self.objects: dict[str, Mapping[str, Any]] = {o["metadata"]["name"]: o for o in objects}
+        self.version = version
+        self.lists = 0
+        self.watches: list[dict[str, Any]] = []
+        self.fail_next: list[BaseException] = []
+        self.hold = threading.Event()  # set: list calls wait until it is cleared
+        self._watch: queue.Queue[Any] | None = None
+        self._opened = threading.Condition()
+
+    # --- the API side ---------------------------------------------------------------
+    def __call__(self, **kwargs: Any) -> Any:
+        if self.fail_next:
+            raise self.fail_next.pop(0)
+        timeout = kwargs.get("_request_timeout")
+        read_timeout = timeout[1] if isinstance(timeout, tuple) else (timeout or 3600)
+        if not kwargs.get("watch"):
+            while self.hold.is_set():
+                threading.Event().wait(0.01)
+            self.lists += 1
+            items = sorted(self.objects.values(), key=lambda o: o["metadata"]["name"])
+            page = {"metadata": {"resourceVersion": str(self.version)}, "items": items}
+            return _ListResponse(json.dumps(page).encode())
+        events: queue.Queue[Any] = queue.Queue()
+        with self._opened:
+            self.watches.append(kwargs)
+            self._watch = events
+            self._opened.notify_all()
+        return _WatchResponse(self, events, read_timeout)
+
+    # --- the test side ---------------------------------------------------------------
+    def wait_for_watch(self, count: int, timeout: float = 5.0) -> None:
+        """Block until ``count`` watch calls have been made."""
+        with self._opened:
+            if not self._opened.wait_for(lambda: len(self.watches) >= count, timeout):
+                raise TimeoutError(f"{len(self.watches)} watches, waited for {count}")
+
+    def event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """Change the objects as the event says and stream it to the open watch."""
+        self.version += 1
+        obj = json.loads(json.dumps(obj))
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self.version)
+        name = obj["metadata"]["name"]
+        if kind == "DELETED":
+            self.objects.pop(name, None)
+        else:
+            self.objects[name] = obj
+        self._send({"type": kind, "object": obj})
+
+    def bookmark(self) -> None:
+        meta = {"resourceVersion": str(self.version)}
+        self._send({"type": "BOOKMARK", "object": {"metadata": meta}})
+
+    def gone(self) -> None:
+        self._send({"type": "ERROR", "object": {"code": 410, "message": "too old"}})
+
+    def end_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.put(_END)
+
+    def _send(self, item: Any) -> None:
+        assert self._watch is not None, "no watch open"
+        self._watch.put(item)
+
+
+class FakeCore:
+    """Stands for the ``CoreV1Api`` the cluster cache is started with."""
+
+    def __init__(
+        self, nodes: Iterable[Mapping[str, Any]] = (), pods: Iterable[Mapping[str, Any]] = ()
+    ) -> None:
+        self.list_node = FakeListWatch(nodes)
+        self.list_pod_for_all_namespaces = FakeListWatch(pods)
+        self.api_client = None
+
+
+def synced_cache(
+    nodes: Iterable[Mapping[str, Any]] = (), pods: Iterable[Mapping[str, Any]] = (), **kwargs: Any
+) -> Any:
+    """A :class:`ClusterCache` listed from a :class:`FakeCore` (its watches stay open)."""
+    from extender.cache import ClusterCache
+
+    cache = ClusterCache(**kwargs)
+    core = FakeCore(nodes, pods)
+    cache.start(core)
+    for reflector in cache.reflectors.values():
+        if not reflector.synced.wait(5):
+            raise TimeoutError(f"{reflector.kind} never listed")
+    return cache
