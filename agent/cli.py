@@ -39,9 +39,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--capacity",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="advertise status.capacity nvidia.com/gpu (default); --no-capacity leaves "
-        "it to the NVIDIA device plugin",
+        default=False,
+        help="advertise status.capacity nvidia.com/gpu (off by default): only for nodes "
+        "with no NVIDIA device plugin and no DRA driver; pods then get GPUs counted, "
+        "but no device is assigned to any container. Never written where a device "
+        "plugin or a DRA driver already provides the GPUs.",
+    )
+    parser.add_argument(
+        "--gfd-labels",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="write GPU Feature Discovery's nvidia.com/ label keys: auto (default) unless "
+        "GFD labels the node (nvidia.com/gfd.timestamp), always, or never",
     )
     parser.add_argument("--host", default="0.0.0.0", help="address for --port (default 0.0.0.0)")
     parser.add_argument(
@@ -95,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         interval_s=interval,
         heartbeat_interval_s=heartbeat,
         manage_capacity=args.capacity,
+        gfd_labels=args.gfd_labels,
     )
     stop = threading.Event()
 
@@ -149,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
             "interval_s": interval,
             "heartbeat_interval_s": heartbeat,
             "capacity": args.capacity,
+            "gfd_labels": args.gfd_labels,
             "dry_run": args.dry_run,
             "port": args.port,
         },

@@ -46,6 +46,7 @@ class Gpu:
     mig_devices: tuple[MigDevice, ...] = ()
     healthy: bool = True
     reason: str = ""  # why the GPU is unhealthy
+    pci_class: str = ""  # "0x030200" (3D controller: compute), "0x030000" (VGA); "" unknown
 
     @property
     def compute(self) -> tuple[int, int] | None:
@@ -82,6 +83,7 @@ _GPU_KEYS = {
     "migEnabled",
     "migDevices",
     "healthy",
+    "pciClass",
 }
 _MIG_KEYS = {"name", "uuid", "memoryMiB"}
 _TOP_KEYS = {"driverVersion", "cudaDriverVersion", "gpus"}
@@ -103,6 +105,7 @@ class FakeBackend:
             migDevices: []           # optional: [{name, uuid, memoryMiB}] when migEnabled
             healthy: true            # optional, default true
             index: 0                 # optional, default: position in the list
+            pciClass: "0x030200"     # optional, default 0x030200 (a compute GPU)
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -176,6 +179,9 @@ def _parse_gpu(item: Any, pos: int) -> Gpu:
     if mig_enabled and not mig_capable:
         raise InventoryError(f"{where}migEnabled is true but migCapable is false")
     healthy = _flag(item, "healthy", where, True)
+    pci_class = str(item.get("pciClass", "0x030200"))
+    if not re.fullmatch(r"0x[0-9a-f]{6}", pci_class):
+        raise InventoryError(f'{where}pciClass: {pci_class!r} is not like "0x030200"')
     raw_mig = item.get("migDevices") or []
     if not isinstance(raw_mig, list):
         raise InventoryError(f"{where}migDevices: expected a list")
@@ -206,6 +212,7 @@ def _parse_gpu(item: Any, pos: int) -> Gpu:
         mig_devices=tuple(mig),
         healthy=healthy,
         reason="" if healthy else "marked unhealthy in the fake GPU file",
+        pci_class=pci_class,
     )
 
 
@@ -261,8 +268,9 @@ class NvmlBackend:
     reads is picked up. ``nvml`` may be injected (tests pass a fake module).
     """
 
-    def __init__(self, nvml: Any = None) -> None:
+    def __init__(self, nvml: Any = None, sysfs: str | Path = "/sys") -> None:
         self._nvml = nvml
+        self._sysfs = Path(sysfs)
 
     def _module(self) -> Any:
         if self._nvml is None:
@@ -339,7 +347,27 @@ class NvmlBackend:
             mig_devices=mig,
             healthy=not reason,
             reason=reason,
+            pci_class=self._pci_class(nvml, handle),
         )
+
+    def _pci_class(self, nvml: Any, handle: Any) -> str:
+        try:
+            bus_id = _str(nvml.nvmlDeviceGetPciInfo(handle).busId)
+        except (nvml.NVMLError, AttributeError):
+            return ""  # gpu.mode then says "unknown", as GFD does; nothing else depends on it
+        return _pci_class(self._sysfs, bus_id)
+
+
+def _pci_class(sysfs: Path, bus_id: str) -> str:
+    """The GPU's PCI class (``0x030200``) from sysfs, "" when it cannot be read. NVML
+    writes the bus id with an 8-digit domain (``00000000:18:00.0``); sysfs with 4."""
+    domain, _, rest = bus_id.partition(":")
+    try:
+        bdf = f"{int(domain, 16):04x}:{rest}".lower()
+        text = (sysfs / "bus" / "pci" / "devices" / bdf / "class").read_text().strip()
+    except (OSError, ValueError):
+        return ""
+    return text if re.fullmatch(r"0x[0-9a-f]{6}", text) else ""
 
 
 def cuda_version_text(version: int) -> str:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from agent.sync import NodeState
+from agent.sync import FIELD_MANAGER, NodeState
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
-FIELD_MANAGER = "gpu-scheduler-agent"
 
 
 class ApiError(Exception):
@@ -32,10 +31,6 @@ class ApiError(Exception):
         someone changed the Node since we read it. Re-read and re-plan."""
         return self.status in (409, 422)
 
-    @property
-    def transient(self) -> bool:
-        """Worth retrying later: no answer, 429, 5xx."""
-        return self.status is None or self.status == 429 or self.status >= 500
 
 
 class NodeApi(Protocol):
@@ -44,6 +39,8 @@ class NodeApi(Protocol):
     def patch_metadata(self, name: str, patch: dict[str, Any]) -> None: ...
 
     def patch_status(self, name: str, ops: list[dict[str, Any]]) -> None: ...
+
+    def dra_gpus(self, name: str) -> int | None: ...
 
 
 class KubeNodeApi:
@@ -83,6 +80,42 @@ class KubeNodeApi:
             field_manager=FIELD_MANAGER,
             _content_type=JSON_PATCH,
         )
+
+    def dra_gpus(self, name: str) -> int | None:
+        """GPU devices a DRA driver publishes for the node: devices in its ResourceSlices
+        of the DeviceClass serving ``nvidia.com/gpu``. 0 where the cluster serves no
+        ``resource.k8s.io/v1`` or no class maps the resource; None when it cannot tell
+        (no permission to read DeviceClasses and ResourceSlices)."""
+        from kubernetes import client
+
+        from gpu_scheduler import contract, dra
+
+        api = client.ResourceV1Api(self.core.api_client)
+        serialize = self.core.api_client.sanitize_for_serialization
+        try:
+            found = self._call("list deviceclasses", api.list_device_class)
+            classes = [dra.device_class(c) for c in serialize(found.items)]
+            chosen = dra.class_for([c for c in classes if c], contract.RESOURCE_GPU)
+            if chosen is None:
+                return 0
+            slices = self._call(
+                "list resourceslices",
+                api.list_resource_slice,
+                field_selector=f"spec.nodeName={name}",
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return 0
+            if exc.status == 403:
+                return None
+            raise
+        matcher = dra.ClassMatcher(chosen)
+        count = 0
+        for item in serialize(slices.items):
+            parsed = dra.slice_devices(item)
+            if parsed is not None:
+                count += sum(1 for d in parsed[3] if d.node == name and matcher.matches(d))
+        return count
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException

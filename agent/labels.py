@@ -16,6 +16,15 @@ more than every GPU delivers, whichever GPU the device plugin hands a pod:
 
 The full truth per GPU is in the ``gpu-scheduler.io/gpus`` annotation (JSON).
 
+Where a single model is involved the values are GFD's for the same hardware (GFD v0.17,
+``internal/lm/``): the product name sanitised by deletion (``contract.product_label_value``),
+the family map (10.x and 12.x are ``blackwell``; 11.x ``undefined``), the ``.full``
+version labels, ``gpu.mode`` from the PCI class, and the sharing labels as GFD writes
+them where no sharing is configured (``gpu.replicas=1``, ``gpu.sharing-strategy=none``,
+``mps.capable=false``; ``gpu.replicas=0`` when every GPU is in MIG mode, as GFD does for
+MIG-enabled GPUs). Time-slicing and MPS are the device plugin's configuration, which
+the agent cannot see: on such nodes GFD's labels are the truth (``--gfd-labels auto``).
+
 Capacity ``nvidia.com/gpu`` counts the GPUs a pod can be given as a whole GPU: healthy
 and not in MIG mode (a MIG-enabled GPU runs work only in its MIG instances, which the
 NVIDIA device plugin advertises under their own resource names).
@@ -36,8 +45,9 @@ from agent.inventory import DRIVER_VERSION, MAJOR_MINOR, Gpu, Inventory
 from gpu_scheduler import contract
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_INVALID = re.compile(r"[^-A-Za-z0-9_.]")
-MAX_LABEL_VALUE = 63
+MAX_LABEL_VALUE = contract.MAX_LABEL_VALUE
+#: PCI classes (``/sys/bus/pci/devices/*/class``) and the ``gpu.mode`` GFD gives them.
+PCI_MODES = {"0x030000": "graphics", "0x030200": "compute"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +73,7 @@ def family(major: int, minor: int) -> str:
         return "volta" if minor < 5 else "turing"
     if major == 8:
         return "ada-lovelace" if minor >= 9 else "ampere"
-    if 10 <= major <= 12:
+    if major in (10, 12):  # 11.x (Jetson Thor) is "undefined" in GFD
         return "blackwell"
     return {
         1: "tesla",
@@ -76,13 +86,16 @@ def family(major: int, minor: int) -> str:
 
 
 def label_value(text: str) -> str:
-    """``text`` as a valid label value: at most 63 characters of ``[A-Za-z0-9._-]``,
-    starting and ending alphanumeric. Whitespace runs become ``-`` (as GFD writes
-    products), other characters outside the set become ``_``."""
-    value = _INVALID.sub("_", contract.product_label_value(text))
-    value = value[:MAX_LABEL_VALUE]
-    value = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
-    return value
+    """A product name as GFD writes it (characters outside ``A-Za-z0-9 -_.`` deleted,
+    whitespace runs ``-``, at most 63 characters), then trimmed so that it starts and
+    ends alphanumeric as a label value must."""
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", contract.product_label_value(text))
+
+
+def gpu_mode(gpus: tuple[Gpu, ...]) -> str:
+    """``compute`` or ``graphics`` when every GPU has that PCI class; else ``unknown``."""
+    modes = {PCI_MODES.get(g.pci_class, "unknown") for g in gpus}
+    return modes.pop() if len(modes) == 1 else "unknown"
 
 
 def is_label_value(value: str) -> bool:
@@ -115,6 +128,10 @@ def desired_state(inventory: Inventory, *, manage_capacity: bool = True) -> Desi
         contract.LABEL_GPU_PRESENT: "true",
         contract.LABEL_GPU_COUNT: str(len(gpus)),
         contract.LABEL_MIG_CAPABLE: "true" if any(g.mig_capable for g in gpus) else "false",
+        contract.LABEL_GPU_REPLICAS: "0" if all(g.mig_enabled for g in gpus) else "1",
+        contract.LABEL_GPU_SHARING_STRATEGY: "none",
+        contract.LABEL_MPS_CAPABLE: "false",
+        contract.LABEL_GPU_MODE: gpu_mode(gpus),
     }
     product = label_value(least_gpu(gpus).name)
     if product and product != "unknown":
@@ -141,10 +158,12 @@ def version_labels(inventory: Inventory) -> dict[str, str]:
         labels[contract.LABEL_DRIVER_MINOR] = parts[1]
         if len(parts) > 2:
             labels[contract.LABEL_DRIVER_REVISION] = parts[2]
+        labels[contract.LABEL_DRIVER_FULL] = inventory.driver_version
     cuda = MAJOR_MINOR.match(inventory.cuda_driver_version)
     if cuda:
         labels[contract.LABEL_RUNTIME_MAJOR] = cuda.group(1)
         labels[contract.LABEL_RUNTIME_MINOR] = cuda.group(2)
+        labels[contract.LABEL_RUNTIME_FULL] = f"{cuda.group(1)}.{cuda.group(2)}"
     return labels
 
 
@@ -169,6 +188,8 @@ def _gpu_json(gpu: Gpu) -> dict[str, Any]:
         "migEnabled": gpu.mig_enabled,
         "healthy": gpu.healthy,
     }
+    if gpu.pci_class:
+        out["pciClass"] = gpu.pci_class
     if gpu.mig_enabled:
         out["migDevices"] = [
             {"uuid": m.uuid, "name": m.name, "memoryMiB": m.memory_mib} for m in gpu.mig_devices

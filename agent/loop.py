@@ -21,7 +21,7 @@ from agent import metrics
 from agent.inventory import Backend, Inventory, InventoryError
 from agent.kubeapi import ApiError, NodeApi
 from agent.labels import Desired, allocatable_gpus, desired_state
-from agent.sync import Plan, plan_sync
+from agent.sync import NodeState, Ownership, Plan, ownership, plan_sync
 
 log = logging.getLogger("gpu_scheduler.agent")
 
@@ -31,7 +31,13 @@ class AgentConfig:
     node_name: str
     interval_s: float = 60.0
     heartbeat_interval_s: float = 300.0
-    manage_capacity: bool = True
+    #: Advertise nvidia.com/gpu capacity (clusters with no device plugin and no DRA).
+    manage_capacity: bool = False
+    #: Write GPU Feature Discovery's label keys: auto (unless GFD labels the node),
+    #: always, never.
+    gfd_labels: str = "auto"
+    #: How often to ask whether a DRA driver publishes this node's GPUs (with capacity on).
+    dra_check_s: float = 600.0
     backoff_base_s: float = 2.0
     backoff_max_s: float = 300.0
     conflict_retries: int = 5
@@ -63,6 +69,8 @@ class Agent:
         self.jitter = jitter
         self._ready = (False, "no sync yet")
         self._lock = threading.Lock()
+        self._ownership: Ownership | None = None
+        self._dra: tuple[float, int | None] | None = None  # (checked at, devices)
 
     # --- readiness -----------------------------------------------------------------
     def ready(self) -> tuple[bool, str]:
@@ -109,12 +117,14 @@ class Agent:
         writes: list[str] = []
         for attempt in range(self.config.conflict_retries + 1):
             node = self.api.get_node(name)
+            own = self._decide_ownership(node)
             plan = plan_sync(
                 desired,
                 node,
                 self.clock(),
                 self.config.heartbeat_interval_s,
-                manage_capacity=self.config.manage_capacity,
+                manage_capacity=own.capacity,
+                write_gfd_labels=own.gfd_labels,
             )
             try:
                 # Metadata first: when both change, the labels are right before the
@@ -150,6 +160,49 @@ class Agent:
             metrics.SYNCS.labels("written" if writes else "unchanged").inc()
             return plan
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _decide_ownership(self, node: NodeState) -> Ownership:
+        """What this agent writes on its node now; logs each change of mind once."""
+        cfg = self.config
+        own = ownership(node, cfg.gfd_labels, cfg.manage_capacity, self._dra_gpus())
+        before, self._ownership = self._ownership, own
+        if before is None or before.gfd_labels != own.gfd_labels:
+            log.info(
+                "writing GPU Feature Discovery's labels"
+                if own.gfd_labels
+                else "leaving GPU Feature Discovery's labels alone",
+                extra={
+                    "node": cfg.node_name,
+                    "why": own.why_not_gfd or f"--gfd-labels {cfg.gfd_labels}",
+                },
+            )
+        if cfg.manage_capacity and (before is None or before.capacity != own.capacity):
+            if own.capacity:
+                log.info("advertising nvidia.com/gpu capacity", extra={"node": cfg.node_name})
+            else:
+                log.warning(
+                    "not advertising nvidia.com/gpu capacity",
+                    extra={"node": cfg.node_name, "why": own.why_not_capacity},
+                )
+        return own
+
+    def _dra_gpus(self) -> int | None:
+        """GPUs a DRA driver publishes for this node, asked at most every
+        ``dra_check_s`` (only when capacity advertising is on)."""
+        if not self.config.manage_capacity or self.api is None:
+            return None
+        now = time.monotonic()
+        if self._dra is None or now - self._dra[0] >= self.config.dra_check_s:
+            try:
+                count = self.api.dra_gpus(self.config.node_name)
+            except ApiError as exc:
+                log.warning(
+                    "cannot tell whether a DRA driver serves this node's GPUs",
+                    extra={"node": self.config.node_name, "error": str(exc)},
+                )
+                count = self._dra[1] if self._dra else None
+            self._dra = (now, count)
+        return self._dra[1]
 
     # --- the long-running mode -----------------------------------------------------
     def run_forever(self) -> int:

@@ -11,6 +11,11 @@
 - the heartbeat annotation rides on every metadata write, and forces one when the
   Node's heartbeat is older than the heartbeat interval. In a steady state that is
   the only write: one per heartbeat interval.
+
+What the agent may write at all is decided here too (:func:`ownership`): GPU Feature
+Discovery's label keys only where GFD does not label the node (``--gfd-labels``), and
+``nvidia.com/gpu`` capacity only where advertising it is enabled and nobody else
+(a device plugin through the kubelet, a DRA driver) provides it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from gpu_scheduler import contract
 from gpu_scheduler.quantity import QuantityError, parse_quantity
 from gpu_scheduler.timestamps import parse_rfc3339, rfc3339
 
+FIELD_MANAGER = "gpu-scheduler-agent"
+GFD_MODES = ("auto", "always", "never")
+
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
@@ -35,6 +43,8 @@ class NodeState:
     annotations: dict[str, str] = field(default_factory=dict)
     capacity: dict[str, str] | None = None  # None: the Node has no status.capacity at all
     resource_version: str | None = None
+    #: Field managers that own ``status.capacity["nvidia.com/gpu"]`` (managedFields).
+    capacity_owners: frozenset[str] = frozenset()
 
     @classmethod
     def from_json(cls, node: Mapping[str, Any]) -> NodeState:
@@ -47,7 +57,62 @@ class NodeState:
             annotations=dict(meta.get("annotations") or {}),
             capacity=None if capacity is None else {k: str(v) for k, v in capacity.items()},
             resource_version=meta.get("resourceVersion"),
+            capacity_owners=capacity_owners(meta.get("managedFields")),
         )
+
+
+def capacity_owners(managed_fields: Any) -> frozenset[str]:
+    """Who owns ``status.capacity["nvidia.com/gpu"]``, from server-side apply's
+    managedFields (the kubelet writes device-plugin capacity as manager "kubelet")."""
+    owners = set()
+    for entry in managed_fields or ():
+        if not isinstance(entry, Mapping):
+            continue
+        fields = entry.get("fieldsV1")
+        status = fields.get("f:status") if isinstance(fields, Mapping) else None
+        capacity = status.get("f:capacity") if isinstance(status, Mapping) else None
+        if isinstance(capacity, Mapping) and f"f:{contract.RESOURCE_GPU}" in capacity:
+            manager = entry.get("manager")
+            if isinstance(manager, str):
+                owners.add(manager)
+    return frozenset(owners)
+
+
+@dataclass(frozen=True, slots=True)
+class Ownership:
+    """What the agent writes on this node this round, and why not the rest."""
+
+    gfd_labels: bool
+    capacity: bool
+    why_not_gfd: str = ""
+    why_not_capacity: str = ""
+
+
+def ownership(
+    node: NodeState, gfd_mode: str, advertise_capacity: bool, dra_gpus: int | None
+) -> Ownership:
+    """``gfd_mode``: ``always`` write GFD's keys, ``never``, or ``auto`` (unless GFD
+    labels the node: ``nvidia.com/gfd.timestamp``). Capacity only when advertising is
+    enabled and no other writer owns it, nor a DRA driver publishes GPUs for the node
+    (``dra_gpus``: devices of the class serving ``nvidia.com/gpu``; None: unknown)."""
+    gfd, why_gfd = True, ""
+    if gfd_mode == "never":
+        gfd, why_gfd = False, "--gfd-labels never"
+    elif gfd_mode == "auto" and contract.LABEL_GFD_TIMESTAMP in node.labels:
+        gfd = False
+        why_gfd = f"GPU Feature Discovery labels this node ({contract.LABEL_GFD_TIMESTAMP})"
+    capacity, why_cap = advertise_capacity, "" if advertise_capacity else "capacity off"
+    others = node.capacity_owners - {FIELD_MANAGER}
+    if capacity and others:
+        capacity = False
+        why_cap = (
+            f"{contract.RESOURCE_GPU} capacity is written by {', '.join(sorted(others))} "
+            "(the NVIDIA device plugin, through the kubelet)"
+        )
+    elif capacity and dra_gpus:
+        capacity = False
+        why_cap = f"a DRA driver publishes {dra_gpus} GPU devices for this node"
+    return Ownership(gfd, capacity, why_gfd, why_cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +145,11 @@ def plan_sync(
     heartbeat_interval_s: float,
     *,
     manage_capacity: bool = True,
+    write_gfd_labels: bool = True,
 ) -> Plan:
     changed: list[str] = []
     labels: dict[str, str | None] = {}
-    for key in contract.AGENT_LABELS:
+    for key in contract.AGENT_LABELS if write_gfd_labels else ():
         want = desired.labels.get(key)
         if node.labels.get(key) != want and (want is not None or key in node.labels):
             labels[key] = want

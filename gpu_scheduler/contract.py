@@ -8,6 +8,7 @@ resources: import from here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
@@ -38,10 +39,22 @@ LABEL_DRIVER_REVISION = "nvidia.com/cuda.driver-version.revision"
 LABEL_RUNTIME_MAJOR = "nvidia.com/cuda.runtime-version.major"
 LABEL_RUNTIME_MINOR = "nvidia.com/cuda.runtime-version.minor"
 LABEL_MIG_CAPABLE = "nvidia.com/mig.capable"
+LABEL_DRIVER_FULL = "nvidia.com/cuda.driver-version.full"
+LABEL_RUNTIME_FULL = "nvidia.com/cuda.runtime-version.full"
+LABEL_GPU_REPLICAS = "nvidia.com/gpu.replicas"  # > 1: time-slicing or MPS
+LABEL_GPU_SHARING_STRATEGY = "nvidia.com/gpu.sharing-strategy"  # none|time-slicing|mps
+LABEL_GPU_MODE = "nvidia.com/gpu.mode"  # compute|graphics|unknown (PCI class)
+LABEL_MPS_CAPABLE = "nvidia.com/mps.capable"
+#: GFD writes this on every node it labels; the agent's ``--gfd-labels auto`` then
+#: leaves GFD's keys to GFD.
+LABEL_GFD_TIMESTAMP = "nvidia.com/gfd.timestamp"
 # Older label some clusters still carry (MiB); read as a fallback only.
 LABEL_GPU_MEMORY_LEGACY = "gpu.nvidia.com/memory"
+#: GFD's product suffix for a time-sliced or MPS-shared GPU (not renamed).
+SHARED_SUFFIX = "-SHARED"
 
-#: Every label the agent owns: it may add, change or remove these and no others.
+#: The GPU Feature Discovery label keys the agent writes (unless GFD labels the node):
+#: it may add, change or remove these and no others.
 AGENT_LABELS: tuple[str, ...] = (
     LABEL_GPU_PRESENT,
     LABEL_GPU_COUNT,
@@ -53,9 +66,15 @@ AGENT_LABELS: tuple[str, ...] = (
     LABEL_DRIVER_MAJOR,
     LABEL_DRIVER_MINOR,
     LABEL_DRIVER_REVISION,
+    LABEL_DRIVER_FULL,
     LABEL_RUNTIME_MAJOR,
     LABEL_RUNTIME_MINOR,
+    LABEL_RUNTIME_FULL,
     LABEL_MIG_CAPABLE,
+    LABEL_GPU_REPLICAS,
+    LABEL_GPU_SHARING_STRATEGY,
+    LABEL_GPU_MODE,
+    LABEL_MPS_CAPABLE,
 )
 
 # Well-known labels written by others and read by the extender.
@@ -210,6 +229,28 @@ def node_gpu_memory_mib(labels: Mapping[str, Any]) -> int | None:
     return None
 
 
-def product_label_value(name: str) -> str:
-    """An NVML product name as GFD writes it into ``nvidia.com/gpu.product``."""
-    return "-".join(name.strip().split())
+_NOT_IN_PRODUCT = re.compile(r"[^A-Za-z0-9_. \-]")
+MAX_LABEL_VALUE = 63
+
+
+def product_label_value(name: str, *suffix: str) -> str:
+    """An NVML product name as GFD writes it into ``nvidia.com/gpu.product``.
+
+    GFD's rule (k8s-device-plugin, ``internal/lm/resource.go``): in each part, every
+    character other than ``A-Za-z0-9 - _ . space`` is deleted (not replaced), runs of
+    spaces become one ``-``; the parts (the model, then e.g. ``MIG``, ``1g.10gb``,
+    ``SHARED``) are joined with ``-``. Over 63 characters, only the model is cut (and
+    its trailing ``-._`` trimmed), so the suffixes survive.
+    """
+    parts = ["-".join(_NOT_IN_PRODUCT.sub("", part).split()) for part in (name, *suffix)]
+    model, rest = parts[0], [p for p in parts[1:] if p]
+    tail = "".join(f"-{p}" for p in rest)
+    room = MAX_LABEL_VALUE - len(tail)
+    if len(model) > room:
+        model = model[: max(room, 0)].rstrip("-._")
+    return f"{model}{tail}" if model else tail.lstrip("-")
+
+
+def base_product(product: str) -> str:
+    """A product label without GFD's ``-SHARED`` suffix: the GPU model itself."""
+    return product[: -len(SHARED_SUFFIX)] if product.endswith(SHARED_SUFFIX) else product

@@ -188,6 +188,7 @@ class Stack:
         interval: str = "2s",
         heartbeat_interval: str = "5m",
         extra: list[str] | None = None,
+        capacity: bool = True,
     ) -> Process:
         port = free_port()
         return self.cluster.spawn(
@@ -201,6 +202,8 @@ class Stack:
                 f"--interval={interval}",
                 f"--heartbeat-interval={heartbeat_interval}",
                 f"--port={port}",
+                # The lab has no device plugin: the agent advertises the capacity.
+                *(["--capacity"] if capacity else []),
                 *(extra or []),
             ],
         )

@@ -34,7 +34,9 @@ def agent(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 
 
 def test_once_dry_run_prints_exactly_one_json_document() -> None:
-    result = agent("--once", "--dry-run", "--fake-gpus", str(FIXTURES / "h100x8.yaml"))
+    result = agent(
+        "--once", "--dry-run", "--capacity", "--fake-gpus", str(FIXTURES / "h100x8.yaml")
+    )
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)  # the whole of stdout is one document
     assert set(document) == {"labels", "annotations", "capacity"}
@@ -44,11 +46,10 @@ def test_once_dry_run_prints_exactly_one_json_document() -> None:
     assert len(json.loads(document["annotations"][contract.ANN_GPUS])) == 8
 
 
-def test_once_dry_run_no_capacity_and_logs_on_stderr() -> None:
+def test_once_dry_run_capacity_off_by_default_and_logs_on_stderr() -> None:
     result = agent(
         "--once",
         "--dry-run",
-        "--no-capacity",
         "--fake-gpus",
         str(FIXTURES / "h100x8-unhealthy.yaml"),
     )
@@ -112,6 +113,7 @@ def test_long_running_dry_run_serves_ops_endpoints_and_stops_on_sigterm(tmp_path
             *CLI,
             "agent",
             "--dry-run",
+            "--capacity",
             "--interval",
             "60s",
             "--port",
@@ -163,7 +165,8 @@ def test_help_lists_the_agent() -> None:
         "--fake-gpus",
         "--kubeconfig",
         "--port",
-        "--no-capacity",
+        "--capacity",
+        "--gfd-labels",
     ):
         assert flag in result.stdout
     assert sys.executable  # the same interpreter runs the CLI

@@ -62,13 +62,14 @@ def test_pod_spec() -> None:
     args = build_parser().parse_args(container["args"])
     assert args.command == "agent"
     assert args.port == container["ports"][0]["containerPort"]
-    assert args.interval == "60s" and args.capacity is True
+    # No capacity by default: the device plugin or a DRA driver provides nvidia.com/gpu.
+    assert args.interval == "60s" and args.capacity is False and args.gfd_labels == "auto"
 
 
 def test_rbac_is_least_privilege() -> None:
     (role,) = [d for d in docs("rbac.yaml") if d["kind"] == "ClusterRole"]
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
-    assert rules == {(("",), ("nodes",)): {"get", "patch"}, (("",), ("nodes/status",)): {"patch"}}
+    assert rules == {(("",), ("nodes",)): {"get", "patch"}}
     (binding,) = [d for d in docs("rbac.yaml") if d["kind"] == "ClusterRoleBinding"]
     assert (
         binding["subjects"][0]["name"]

@@ -192,6 +192,16 @@ class FakeNvml:
             raise self._err(3)
         return value
 
+    class PciInfo:
+        def __init__(self, bus_id: str) -> None:
+            self.busId = bus_id
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
+        spec = self._spec(handle)
+        if "bus" not in spec:
+            raise self._err(3)
+        return self.PciInfo(spec["bus"])
+
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter: int) -> int:
         assert (error_type, counter) == (1, 0)  # uncorrected, volatile
         value = self._spec(handle).get("ecc", 0)
@@ -243,6 +253,19 @@ def test_nvml_reads_the_gpus() -> None:
     # No MIG, no ECC, no page retirement on this board: all "not supported", all fine.
     assert not lfour.mig_capable and lfour.healthy
     assert nvml.shutdowns == nvml.initialised == 1
+
+
+def test_nvml_pci_class_from_sysfs(tmp_path: Path) -> None:
+    """NVML names the bus with an 8-digit domain; sysfs with 4. The class gives
+    GFD's gpu.mode; a class that cannot be read leaves it unknown, never unhealthy."""
+    device = tmp_path / "bus" / "pci" / "devices" / "0000:18:00.0"
+    device.mkdir(parents=True)
+    (device / "class").write_text("0x030200\n")
+    with_bus = {**h100(), "bus": b"00000000:18:00.0"}
+    no_sysfs = {**h100(uuid="GPU-2"), "bus": "00000000:2a:00.0"}
+    gpus = NvmlBackend(FakeNvml([with_bus, no_sysfs, h100(uuid="GPU-3")]), tmp_path).read().gpus
+    assert [g.pci_class for g in gpus] == ["0x030200", "", ""]
+    assert all(g.healthy for g in gpus)
 
 
 def test_nvml_v1_cuda_version_when_v2_is_missing() -> None:

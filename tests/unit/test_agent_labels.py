@@ -43,9 +43,15 @@ def test_h100x8() -> None:
         contract.LABEL_DRIVER_MAJOR: "550",
         contract.LABEL_DRIVER_MINOR: "54",
         contract.LABEL_DRIVER_REVISION: "15",
+        contract.LABEL_DRIVER_FULL: "550.54.15",
         contract.LABEL_RUNTIME_MAJOR: "12",
         contract.LABEL_RUNTIME_MINOR: "4",
+        contract.LABEL_RUNTIME_FULL: "12.4",
         contract.LABEL_MIG_CAPABLE: "true",
+        contract.LABEL_GPU_REPLICAS: "1",
+        contract.LABEL_GPU_SHARING_STRATEGY: "none",
+        contract.LABEL_GPU_MODE: "compute",
+        contract.LABEL_MPS_CAPABLE: "false",
     }
     assert desired.capacity == {contract.RESOURCE_GPU: "8"}
     detail = json.loads(desired.annotations[contract.ANN_GPUS])
@@ -220,7 +226,13 @@ def test_family(cc: tuple[int, int], expected: str) -> None:
     [
         ("NVIDIA H100 80GB HBM3", "NVIDIA-H100-80GB-HBM3"),
         ("  Tesla  V100-SXM2-16GB ", "Tesla-V100-SXM2-16GB"),
-        ("NVIDIA GeForce RTX 4090 (Laptop)", "NVIDIA-GeForce-RTX-4090-_Laptop"),
+        # GFD deletes what is not A-Za-z0-9 - _ . space (TestSanitise, internal/lm)
+        ("NVIDIA GeForce RTX 4090 (Laptop)", "NVIDIA-GeForce-RTX-4090-Laptop"),
+        ("NVIDIA TITAN X (Pascal)", "NVIDIA-TITAN-X-Pascal"),
+        ("some [ / thing / ]else", "some-thing-else"),
+        ("Quadro RTX 6000/8000", "Quadro-RTX-60008000"),
+        ("some-thing.else_new", "some-thing.else_new"),
+        ("  input  with multiple   spaces  ", "input-with-multiple-spaces"),
         ("NVIDIA RTX 6000 Ada Generation/+", "NVIDIA-RTX-6000-Ada-Generation"),
         ("x" * 70, "x" * 63),
     ],
@@ -241,3 +253,89 @@ def test_every_fixture_gives_valid_labels(path: Path) -> None:
     assert set(desired.labels) <= set(contract.AGENT_LABELS)
     assert all(is_label_value(v) for v in desired.labels.values())
     assert desired.capacity[contract.RESOURCE_GPU].isdigit()
+
+
+# --- parity with GPU Feature Discovery ----------------------------------------------
+# GFD's outputs for real GPUs: its README (T4: Tesla-T4, 15360, turing 7.5, mode compute,
+# driver 550.107.02 -> revision "02", runtime 12.5), GPU Operator node dumps (L4:
+# NVIDIA-L4, 23034, ada-lovelace; H100: NVIDIA-H100-80GB-HBM3, hopper 9.0), and, for
+# MIG-enabled A100s, what GFD writes for full GPUs in MIG mode (replicas 0).
+GFD_OUTPUTS = {
+    "t4x1.yaml": {
+        "gpu.product": "Tesla-T4",
+        "gpu.memory": "15360",
+        "gpu.family": "turing",
+        "gpu.compute.major": "7",
+        "gpu.compute.minor": "5",
+        "gpu.count": "1",
+        "gpu.replicas": "1",
+        "gpu.sharing-strategy": "none",
+        "gpu.mode": "compute",
+        "mps.capable": "false",
+        "mig.capable": "false",
+        "cuda.driver-version.major": "550",
+        "cuda.driver-version.minor": "107",
+        "cuda.driver-version.revision": "02",
+        "cuda.driver-version.full": "550.107.02",
+        "cuda.runtime-version.major": "12",
+        "cuda.runtime-version.minor": "5",
+        "cuda.runtime-version.full": "12.5",
+    },
+    "l4x2.yaml": {
+        "gpu.product": "NVIDIA-L4",
+        "gpu.memory": "23034",
+        "gpu.family": "ada-lovelace",
+        "gpu.compute.major": "8",
+        "gpu.compute.minor": "9",
+        "gpu.count": "2",
+        "gpu.replicas": "1",
+        "gpu.mode": "compute",
+        "mig.capable": "false",
+    },
+    "h100x8.yaml": {
+        "gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "gpu.memory": "81559",
+        "gpu.family": "hopper",
+        "gpu.compute.major": "9",
+        "gpu.compute.minor": "0",
+        "gpu.count": "8",
+        "mig.capable": "true",
+    },
+    "a100x4-mig.yaml": {
+        "gpu.product": "NVIDIA-A100-SXM4-40GB",
+        "gpu.memory": "40960",
+        "gpu.family": "ampere",
+        "gpu.count": "4",
+        "gpu.replicas": "1",  # two of the four are not in MIG mode
+        "mig.capable": "true",
+        "cuda.driver-version.revision": "08",
+    },
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(GFD_OUTPUTS))
+def test_labels_are_what_gfd_writes_for_the_same_gpus(fixture: str) -> None:
+    labels = desired_state(load(fixture)).labels
+    for key, value in GFD_OUTPUTS[fixture].items():
+        assert labels["nvidia.com/" + key] == value, key
+
+
+def test_every_gpu_in_mig_mode_has_replicas_zero_as_gfd_writes() -> None:
+    mig = (MigDevice(0, "MIG-1", "NVIDIA A100-SXM4-40GB MIG 7g.40gb", 40192),)
+    gpus = tuple(
+        gpu(i, "NVIDIA A100-SXM4-40GB", 40960, "8.0", mig_capable=True, mig_enabled=True,
+            mig_devices=mig)
+        for i in range(2)
+    )
+    labels = desired_state(Inventory("550.54.15", "12.4", gpus)).labels
+    assert labels[contract.LABEL_GPU_REPLICAS] == "0"
+
+
+def test_gpu_mode_follows_the_pci_class() -> None:
+    vga = (gpu(0, "NVIDIA RTX 4000 Ada Generation", 20475, "8.9", pci_class="0x030000"),)
+    assert desired_state(Inventory("550.54.15", "12.4", vga)).labels[
+        contract.LABEL_GPU_MODE
+    ] == "graphics"
+    mixed = (*vga, gpu(1, "NVIDIA L4", 23034, "8.9", pci_class="0x030200"))
+    unknown = desired_state(Inventory("550.54.15", "12.4", mixed)).labels
+    assert unknown[contract.LABEL_GPU_MODE] == "unknown"

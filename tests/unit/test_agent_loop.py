@@ -53,6 +53,8 @@ class FakeApi:
         self.calls: list[str] = []
         self.fail: list[ApiError] = []  # raised by the next write calls, in order
         self.on_patch: Any = None
+        self.dra: int | None = 0
+        self.dra_calls = 0
 
     def _bump(self) -> None:
         meta = self.node["metadata"]
@@ -78,11 +80,16 @@ class FakeApi:
         self.calls.append("status")
         if self.fail:
             raise self.fail.pop(0)
+
         try:
             self.node = jsonpatch.apply_patch(self.node, ops)
         except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
             raise ApiError(str(exc), 422) from exc
         self._bump()
+
+    def dra_gpus(self, name: str) -> int | None:
+        self.dra_calls += 1
+        return self.dra
 
 
 class Clock:
@@ -130,7 +137,9 @@ def h100() -> Inventory:
 
 
 def make_agent(api: FakeApi, backend: Any = None, **kw: Any) -> Agent:
-    config = AgentConfig(node_name="gpu-1", backoff_base_s=2.0, backoff_max_s=60.0)
+    config = AgentConfig(
+        node_name="gpu-1", backoff_base_s=2.0, backoff_max_s=60.0, manage_capacity=True
+    )
     return Agent(
         config, backend or FakeBackend(FIXTURES / "h100x8.yaml"), api, jitter=lambda: 1.0, **kw
     )
@@ -368,7 +377,7 @@ def test_kube_api_maps_http_errors(apiserver: Any) -> None:
     assert "the object has been modified" in str(err.value)
 
 
-def test_kube_api_no_server_is_transient() -> None:
+def test_kube_api_no_server_is_an_error_without_status() -> None:
     from kubernetes import client
 
     configuration = client.Configuration()
@@ -377,4 +386,54 @@ def test_kube_api_no_server_is_transient() -> None:
     api = KubeNodeApi(client.CoreV1Api(client.ApiClient(configuration)), timeout_s=2)
     with pytest.raises(ApiError) as err:
         api.get_node("gpu-1")
-    assert err.value.status is None and err.value.transient
+    assert err.value.status is None and not err.value.conflict
+
+
+# --- what the agent leaves to others --------------------------------------------------
+
+
+def test_capacity_owned_by_the_device_plugin_is_never_touched() -> None:
+    api = FakeApi()
+    api.node["status"]["capacity"][contract.RESOURCE_GPU] = "8"
+    api.node["metadata"]["managedFields"] = [
+        {
+            "manager": "kubelet",
+            "operation": "Update",
+            "subresource": "status",
+            "fieldsV1": {"f:status": {"f:capacity": {"f:nvidia.com/gpu": {}}}},
+        }
+    ]
+    agent = make_agent(api, backend=FakeBackend(FIXTURES / "h100x8-unhealthy.yaml"))
+    agent.sync_once()
+    assert "status" not in api.calls  # 7 healthy, but the device plugin's 8 stands
+    assert api.node["status"]["capacity"][contract.RESOURCE_GPU] == "8"
+
+
+def test_capacity_is_left_alone_where_a_dra_driver_publishes_the_gpus() -> None:
+    api = FakeApi()
+    api.dra = 8
+    agent = make_agent(api, clock=Clock())
+    agent.sync_once()
+    assert "status" not in api.calls and contract.RESOURCE_GPU not in api.node["status"]["capacity"]
+    agent.sync_once()
+    assert api.dra_calls == 1  # asked once per dra_check_s, not every round
+
+
+def test_capacity_is_off_by_default() -> None:
+    api = FakeApi()
+    config = AgentConfig(node_name="gpu-1")
+    Agent(config, FakeBackend(FIXTURES / "h100x8.yaml"), api, jitter=lambda: 1.0).sync_once()
+    assert "status" not in api.calls and api.dra_calls == 0
+
+
+def test_gfd_labels_are_left_to_gfd_in_auto_mode() -> None:
+    api = FakeApi()
+    gfd = {contract.LABEL_GFD_TIMESTAMP: "1724632719", contract.LABEL_GPU_PRODUCT: "Tesla-T4"}
+    api.node["metadata"]["labels"].update(gfd)
+    agent = make_agent(api, clock=Clock())
+    agent.sync_once()
+    labels = api.node["metadata"]["labels"]
+    assert labels[contract.LABEL_GPU_PRODUCT] == "Tesla-T4"  # GFD's value stands
+    assert contract.LABEL_GPU_COUNT not in labels  # and none of GFD's keys is added
+    annotations = api.node["metadata"]["annotations"]
+    assert contract.ANN_HEARTBEAT in annotations and contract.ANN_GPUS in annotations

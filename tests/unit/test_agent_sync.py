@@ -95,7 +95,7 @@ def test_no_capacity_flag_never_touches_capacity() -> None:
 def test_owned_labels_that_no_longer_apply_are_removed_and_foreign_keys_untouched() -> None:
     before = desired()
     foreign_labels = {
-        "nvidia.com/gpu.replicas": "1",  # GFD's, not ours
+        "nvidia.com/gpu.machine": "DGX-1",  # GFD's, not ours
         "nvidia.com/gpu.deploy.driver": "true",
         contract.LABEL_ZONE: "us-east-1a",
     }

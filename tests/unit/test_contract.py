@@ -121,6 +121,23 @@ def test_gpu_memory_label_and_legacy_fallback():
     assert contract.node_gpu_memory_mib({contract.LABEL_GPU_MEMORY: "n/a"}) is None
 
 
+def test_product_label_value_follows_gfd():
+    """k8s-device-plugin internal/lm resource_test.go: TestSanitise, TestGetProductName."""
+    assert contract.product_label_value("NVIDIA A100-SXM4-40GB", "MIG", "1g.5gb") == (
+        "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
+    )
+    assert contract.product_label_value("Tesla T4", "SHARED") == "Tesla-T4-SHARED"
+    long = "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"
+    assert contract.product_label_value(long, "MIG", "1g.24gb") == (
+        "NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-Edi-MIG-1g.24gb"
+    )
+    cut = contract.product_label_value(long, "MIG", "1g.24gb.me")
+    assert cut == "NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-MIG-1g.24gb.me"
+    assert len(cut) <= 63
+    assert contract.base_product("NVIDIA-H100-80GB-HBM3-SHARED") == "NVIDIA-H100-80GB-HBM3"
+    assert contract.base_product("NVIDIA-L4") == "NVIDIA-L4"
+
+
 def test_product_label_value():
     assert contract.product_label_value("NVIDIA H100 80GB HBM3") == "NVIDIA-H100-80GB-HBM3"
     assert isinstance(parse_quantity("1"), Decimal)

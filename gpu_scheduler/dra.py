@@ -1,0 +1,294 @@
+"""Dynamic Resource Allocation (``resource.k8s.io/v1``), as far as GPUs go.
+
+Kubernetes 1.37 (``DRAExtendedResource``, GA) lets a pod that asks for
+``nvidia.com/gpu: 2`` be served by a DRA driver: a DeviceClass names the extended
+resource (``spec.extendedResourceName``), kube-scheduler allocates devices of that
+class from the node's ResourceSlices through a ResourceClaim it creates, and the node
+advertises no ``nvidia.com/gpu`` allocatable at all. This module reads those objects
+into what the extender and the agent need, and nothing more:
+
+- :func:`device_class`: a DeviceClass's extended-resource name and CEL selectors;
+  :func:`class_for` picks the class serving a resource name with upstream's tie-break
+  (the newest wins; at equal times, the name that sorts first);
+- :func:`slice_devices`: the node-local devices a ResourceSlice publishes (driver,
+  pool, name, node, attributes, capacity);
+- :func:`claim_devices`: the devices a ResourceClaim has been allocated;
+- :class:`ClassMatcher`: whether a device belongs to a class, by evaluating the
+  class's CEL selectors with ``cel-python``. Evaluation is memoised on the parts of
+  the device the expressions name, so the thousands of identical GPUs of a cluster
+  cost a handful of evaluations. Selectors using functions ``cel-python`` lacks
+  (Kubernetes' ``semver``, ``quantity``) do not match, and say so once in the log.
+
+The attribute names are the NVIDIA DRA driver's (kubernetes-sigs/dra-driver-nvidia-gpu,
+driver ``gpu.nvidia.com``): ``productName`` (string) and capacity ``memory`` (bytes).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from gpu_scheduler.quantity import QuantityError, parse_quantity
+
+log = logging.getLogger(__name__)
+
+GROUP = "resource.k8s.io"
+VERSION = "v1"
+#: The annotation kube-scheduler puts on the claims it creates for extended resources.
+ANN_EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
+#: The NVIDIA DRA driver's name (and its attribute domain).
+NVIDIA_DRIVER = "gpu.nvidia.com"
+ATTR_PRODUCT = "productName"
+CAPACITY_MEMORY = "memory"
+
+DeviceKey = tuple[str, str, str]  # (driver, pool, device): what a claim names
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceClass:
+    name: str
+    extended_resource_name: str | None
+    selectors: tuple[str, ...]
+    created: str  # RFC 3339; compares as text
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    driver: str
+    pool: str
+    name: str
+    node: str
+    #: domain -> attribute name -> value (str, int, bool; a version as its string)
+    attributes: Mapping[str, Mapping[str, Any]]
+    #: domain -> capacity name -> value (a quantity, exact)
+    capacity: Mapping[str, Mapping[str, Decimal]]
+
+    @property
+    def key(self) -> DeviceKey:
+        return (self.driver, self.pool, self.name)
+
+    def attribute(self, name: str) -> Any:
+        """An attribute of the driver's own domain."""
+        return self.attributes.get(self.driver, {}).get(name)
+
+    def capacity_of(self, name: str) -> Decimal | None:
+        return self.capacity.get(self.driver, {}).get(name)
+
+
+def _name(obj: Mapping[str, Any]) -> str | None:
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return name if isinstance(name, str) and name else None
+
+
+def device_class(obj: Mapping[str, Any]) -> DeviceClass | None:
+    """A DeviceClass in its JSON form (None when it is unreadable)."""
+    name = _name(obj)
+    spec = obj.get("spec")
+    if name is None or not isinstance(spec, Mapping):
+        return None
+    resource = spec.get("extendedResourceName")
+    selectors = []
+    for item in spec.get("selectors") or ():
+        cel = item.get("cel") if isinstance(item, Mapping) else None
+        expression = cel.get("expression") if isinstance(cel, Mapping) else None
+        if isinstance(expression, str):
+            selectors.append(expression)
+    created = obj["metadata"].get("creationTimestamp")
+    return DeviceClass(
+        name,
+        resource if isinstance(resource, str) and resource else None,
+        tuple(selectors),
+        created if isinstance(created, str) else "",
+    )
+
+
+def class_for(classes: Iterable[DeviceClass], resource: str) -> DeviceClass | None:
+    """The class that serves ``resource``: upstream's rule for two classes naming the
+    same extended resource is that the one created later wins, and at equal times the
+    name that sorts first (k8s.io/dynamic-resource-allocation, extendedresourcecache)."""
+    best: DeviceClass | None = None
+    for item in classes:
+        if item.extended_resource_name != resource:
+            continue
+        if best is None or (item.created, _desc(item.name)) > (best.created, _desc(best.name)):
+            best = item
+    return best
+
+
+def _desc(name: str) -> tuple[int, ...]:
+    return tuple(-ord(c) for c in name)  # sorts names backwards: the first name wins
+
+
+def _values(raw: Any, driver: str, kind: str) -> dict[str, dict[str, Any]]:
+    """``{"type": {"string": "gpu"}, "d/x": {...}}`` -> ``{driver: {"type": "gpu"}, "d": ...}``."""
+    out: dict[str, dict[str, Any]] = {}
+    if not isinstance(raw, Mapping):
+        return out
+    for qualified, wrapped in raw.items():
+        if not isinstance(qualified, str) or not isinstance(wrapped, Mapping):
+            continue
+        domain, _, short = qualified.rpartition("/")
+        domain = domain or driver
+        if kind == "attributes":
+            value = next(
+                (wrapped[k] for k in ("string", "int", "bool", "version") if k in wrapped), None
+            )
+        else:
+            try:
+                value = parse_quantity(wrapped.get("value"))
+            except QuantityError:
+                continue
+        if value is not None:
+            out.setdefault(domain, {})[short] = value
+    return out
+
+
+def slice_devices(obj: Mapping[str, Any]) -> tuple[str, str, int, list[Device]] | None:
+    """(driver, pool, generation, node-local devices) of a ResourceSlice; None when
+    the slice is unreadable. Devices of slices that are not node-local (a node
+    selector, all nodes) are left out: they are not a node's GPUs."""
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return None
+    driver = spec.get("driver")
+    pool = spec.get("pool")
+    if not isinstance(driver, str) or not isinstance(pool, Mapping):
+        return None
+    pool_name = pool.get("name")
+    generation = pool.get("generation", 0)
+    if not isinstance(pool_name, str) or not isinstance(generation, int):
+        return None
+    node = spec.get("nodeName")
+    per_device = spec.get("perDeviceNodeSelection") is True
+    devices = []
+    for raw in spec.get("devices") or ():
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
+            continue
+        where = raw.get("nodeName") if per_device else node
+        if not isinstance(where, str) or not where:
+            continue
+        devices.append(
+            Device(
+                driver,
+                pool_name,
+                sys.intern(raw["name"]),
+                sys.intern(where),
+                _values(raw.get("attributes"), driver, "attributes"),
+                _values(raw.get("capacity"), driver, "capacity"),
+            )
+        )
+    return driver, pool_name, generation, devices
+
+
+def claim_devices(obj: Mapping[str, Any]) -> frozenset[DeviceKey]:
+    """The devices a ResourceClaim has been allocated (empty: none yet)."""
+    status = obj.get("status")
+    allocation = status.get("allocation") if isinstance(status, Mapping) else None
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    out = set()
+    for result in results or ():
+        if not isinstance(result, Mapping):
+            continue
+        key = (result.get("driver"), result.get("pool"), result.get("device"))
+        if all(isinstance(part, str) for part in key):
+            out.add(key)
+    return frozenset(out)  # type: ignore[arg-type]
+
+
+_WHOLE_MAP = re.compile(r"\.(size|exists|exists_one|all|map|filter)\s*\(|\bin\s+device\.")
+
+
+class ClassMatcher:
+    """Whether devices belong to a DeviceClass (all its selectors are true)."""
+
+    def __init__(self, device_class: DeviceClass) -> None:
+        import celpy
+
+        self.device_class = device_class
+        self._env = celpy.Environment()
+        self._programs = []
+        self._broken: str | None = None
+        for expression in device_class.selectors:
+            try:
+                self._programs.append(self._env.program(self._env.compile(expression)))
+            except Exception as exc:  # celpy raises its own types for syntax errors
+                self._broken = f"selector {expression!r} does not compile: {exc}"
+        text = " ".join(device_class.selectors)
+        self._whole = bool(_WHOLE_MAP.search(text))
+        self._text = text
+        self._memo: dict[Any, bool] = {}
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def matches(self, device: Device) -> bool:
+        if self._broken is not None:
+            self._warn(self._broken)
+            return False
+        key = self._memo_key(device)
+        with self._lock:
+            hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        result = self._evaluate(device)
+        with self._lock:
+            if len(self._memo) > 100_000:
+                self._memo.clear()
+            self._memo[key] = result
+        return result
+
+    def _memo_key(self, device: Device) -> Any:
+        """What the selectors can see of the device. An attribute or capacity whose
+        name the expressions never spell cannot change their result, unless they walk
+        a whole map (``size()``, ``exists``, ``in device.…``): then all of it counts."""
+        def seen(values: Mapping[str, Mapping[str, Any]]) -> tuple[Any, ...]:
+            return tuple(
+                sorted(
+                    (domain, name, str(value))
+                    for domain, entries in values.items()
+                    for name, value in entries.items()
+                    if self._whole or name in self._text
+                )
+            )
+
+        return (device.driver, seen(device.attributes), seen(device.capacity))
+
+    def _evaluate(self, device: Device) -> bool:
+        import celpy
+
+        activation = {
+            "device": celpy.json_to_cel(
+                {
+                    "driver": device.driver,
+                    "attributes": {d: dict(v) for d, v in device.attributes.items()},
+                    "capacity": {
+                        d: {k: int(q) for k, q in v.items()} for d, v in device.capacity.items()
+                    },
+                }
+            )
+        }
+        for program in self._programs:
+            try:
+                result = program.evaluate(activation)
+            except Exception as exc:  # CELEvalError and friends: the device does not match
+                if "no such member" not in str(exc):
+                    self._warn(f"selector could not be evaluated: {exc}")
+                return False
+            if result is not True and not (isinstance(result, celpy.celtypes.BoolType) and result):
+                return False
+        return True
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "DeviceClass selector problem: its devices are not counted",
+                extra={"deviceclass": self.device_class.name, "problem": message},
+            )
