@@ -136,10 +136,13 @@ def create_app(
     if node_source not in ("args", "cluster"):
         raise ValueError(f"node_source must be args or cluster, not {node_source!r}")
     if node_source == "cluster" and cache is None:
-        from gpu_scheduler.kube import core_api
+        from kubernetes import client
 
+        from gpu_scheduler.kube import api_client
+
+        api = api_client(kubeconfig)
         cache = ClusterCache()
-        cache.start(core_api(kubeconfig))
+        cache.start(client.CoreV1Api(api), client.ResourceV1Api(api))
     decider = Decider(cfg, cache)
     app = Flask("extender")
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes

@@ -19,7 +19,8 @@ from types import MappingProxyType
 from typing import Any
 
 from extender import metrics
-from extender.model import NodeFacts, node_facts, parse_products
+from extender.dra_index import DraIndex
+from extender.model import MAX_GPUS, NodeFacts, node_facts, parse_products
 from extender.reflector import Reflector
 from extender.view import View
 from gpu_scheduler import contract
@@ -103,7 +104,11 @@ class ClusterCache:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        # Facts from the Node objects, and the facts the policies see: the same, or, on
+        # a node whose GPUs a DRA driver publishes, its devices of the GPU class.
+        self._base: dict[str, NodeFacts] = {}
         self._nodes: dict[str, NodeFacts] = {}
+        self._dra = DraIndex()
         self._pods: dict[str, _PodRecord] = {}
         self._used: dict[str, int] = {}
         self._groups: dict[tuple[str, str], dict[str, int]] = {}
@@ -142,10 +147,14 @@ class ClusterCache:
             nodes = old.nodes
         else:
             nodes = MappingProxyType(dict(self._nodes))
-        if old is not None and old.version[1] == version[1]:
+        if old is not None and old.version == version:
             used, groups, pods = old.used, old.groups, old.pods
         else:
-            used = MappingProxyType(dict(self._used))
+            counted = dict(self._used)
+            for name, facts in self._nodes.items():
+                if facts.dra:  # devices held by claims, not pods' requests: no double count
+                    counted[name] = self._dra.used(name)
+            used = MappingProxyType(counted)
             groups = MappingProxyType({k: dict(v) for k, v in self._groups.items()})
             pods = len(self._pods)
         if self._beats[0] != version[0]:
@@ -200,11 +209,49 @@ class ClusterCache:
             return False, f"waiting for the first list of {', '.join(missing) or 'anything'}"
         age = self.age() or 0.0
         summary = f"{len(self._nodes)} nodes, {len(self._pods)} pods cached"
+        dra_nodes = sum(1 for facts in self._nodes.values() if facts.dra)
+        if dra_nodes:
+            summary += f", {dra_nodes} with DRA GPUs ({self._dra.device_class})"
         if age > STALE_AFTER:
             return False, f"the view is {age:.0f}s old (over {STALE_AFTER:.0f}s); {summary}"
         return True, f"{summary}; view {age:.0f}s old"
 
     # --- applying what the API server says ----------------------------------------
+    def _merged(self, name: str) -> NodeFacts | None:
+        """The facts the policies see for a node: its Node's, unless the Node has no
+        allocatable GPUs and a DRA driver publishes devices of the GPU class for it
+        (kube-scheduler makes the same choice per node: a device plugin wins)."""
+        base = self._base.get(name)
+        gpus = self._dra.gpus(name)
+        if base is None or base.error is not None or base.allocatable or not gpus:
+            return base
+        least = min(gpus.values(), key=lambda g: (g.memory_mib or 0, g.product or ""))
+        return NodeFacts(
+            name,
+            min(len(gpus), MAX_GPUS),
+            labelled_gpu=True,
+            memory_mib=least.memory_mib,
+            product=least.product,
+            capacity_type=base.capacity_type,
+            zone=base.zone,
+            heartbeat=base.heartbeat,
+            dra=True,
+        )
+
+    def _set_facts(self, name: str) -> None:
+        """Recompute a node's facts and the per-model capacity they add (lock held)."""
+        old = self._nodes.pop(name, None)
+        new = self._merged(name)
+        if new is not None:
+            self._nodes[name] = new
+        for facts, sign in ((old, -1), (new, 1)):
+            if facts is not None and facts.model and facts.allocatable:
+                left = self._capacity.get(facts.model, 0) + sign * facts.allocatable
+                if left > 0:
+                    self._capacity[facts.model] = left
+                else:
+                    self._capacity.pop(facts.model, None)
+
     def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
         fresh: dict[str, NodeFacts] = {}
         for item in items:
@@ -214,13 +261,10 @@ class ClusterCache:
                 log.warning("skipping unreadable node", extra={"error": str(exc)})
                 continue
             fresh[facts.name] = facts
-        capacity: dict[str, int] = {}
-        for facts in fresh.values():
-            if facts.product and facts.allocatable:
-                capacity[facts.product] = capacity.get(facts.product, 0) + facts.allocatable
         with self._lock:
-            self._nodes = fresh
-            self._capacity = capacity
+            self._base, self._nodes, self._capacity = fresh, {}, {}
+            for name in fresh:
+                self._set_facts(name)
             self._node_version += 1
         metrics.CACHE_OBJECTS.labels("nodes").set(len(fresh))
 
@@ -236,21 +280,56 @@ class ClusterCache:
                 log.warning("skipping unreadable node", extra={"error": str(exc)})
                 return
             name = facts.name
+        if not isinstance(name, str):
+            return
         with self._lock:
-            old = self._nodes.get(name) if isinstance(name, str) else None
-            if facts is not None:
-                self._nodes[facts.name] = facts
-            elif old is not None:
-                del self._nodes[name]  # type: ignore[arg-type]
-            for node, sign in ((old, -1), (facts, 1)):
-                if node is not None and node.product and node.allocatable:
-                    left = self._capacity.get(node.product, 0) + sign * node.allocatable
-                    if left > 0:
-                        self._capacity[node.product] = left
-                    else:
-                        self._capacity.pop(node.product, None)
+            if facts is None:
+                self._base.pop(name, None)
+            else:
+                self._base[name] = facts
+            self._set_facts(name)
             self._node_version += 1
-        metrics.CACHE_OBJECTS.labels("nodes").set(len(self._nodes))
+        metrics.CACHE_OBJECTS.labels("nodes").set(len(self._base))
+
+    def _dra_changed(self, nodes: set[str], usage: bool) -> None:
+        """After a DRA change (lock held): refresh the nodes it touched."""
+        for name in nodes:
+            self._set_facts(name)
+        if nodes:
+            self._node_version += 1
+        if usage:
+            self._pod_version += 1
+        for kind, count in self._dra.counts().items():
+            metrics.CACHE_OBJECTS.labels(kind).set(count)
+        slices = self.reflectors.get("resourceslices")
+        if self._dra.needs_relist and slices is not None and slices.synced.is_set():
+            slices.request_relist()
+
+    def _dra_apply(self, change: Callable[..., set[str]], *args: Any) -> None:
+        with self._lock:
+            self._dra_changed(change(*args), usage=True)
+
+    def replace_device_classes(self, items: Iterable[Mapping[str, Any]]) -> None:
+        self._dra_apply(self._dra.replace_classes, items)
+
+    def device_class_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        self._dra_apply(self._dra.class_event, kind, obj)
+
+    def replace_slices(self, items: Iterable[Mapping[str, Any]]) -> None:
+        self._dra_apply(self._dra.replace_slices, items)
+
+    def slice_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        self._dra_apply(self._dra.slice_event, kind, obj)
+
+    def replace_claims(self, items: Iterable[Mapping[str, Any]]) -> None:
+        with self._lock:
+            self._dra.replace_claims(items)  # usage only: no node's facts change
+            self._dra_changed(set(), usage=True)
+
+    def claim_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        with self._lock:
+            if self._dra.claim_event(kind, obj):
+                self._dra_changed(set(), usage=True)
 
     def replace_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
         records = dict(filter(None, (pod_record(item) for item in items)))
@@ -311,26 +390,63 @@ class ClusterCache:
                     del self._groups[record.group]
 
     # --- list+watch ---------------------------------------------------------------
-    def start(self, core_api: Any) -> None:
-        """Reflect Nodes and Pods in two daemon threads (``core_api``: CoreV1Api)."""
+    def start(self, core_api: Any, resource_api: Any = None) -> None:
+        """Reflect Nodes and Pods (``core_api``: CoreV1Api) and, when ``resource_api``
+        (ResourceV1Api) is given, DeviceClasses, ResourceSlices and ResourceClaims, each
+        in a daemon thread. The DRA kinds are optional: a cluster that does not serve
+        ``resource.k8s.io/v1`` (or forbids reading it) has none, and says so."""
         from gpu_scheduler.kube import reset_connections
 
         def reset() -> None:
             reset_connections(core_api.api_client)
 
-        sources = {
-            "nodes": (core_api.list_node, {}, self.replace_nodes, self.node_event),
+        sources: dict[str, tuple[Any, dict[str, Any], Any, Any, bool]] = {
+            "nodes": (core_api.list_node, {}, self.replace_nodes, self.node_event, False),
             "pods": (
                 core_api.list_pod_for_all_namespaces,
                 {"field_selector": POD_FIELD_SELECTOR},
                 self.replace_pods,
                 self.pod_event,
+                False,
             ),
         }
-        for kind, (func, params, replace, apply) in sources.items():
+        if resource_api is not None:
+            sources |= {
+                "deviceclasses": (
+                    resource_api.list_device_class,
+                    {},
+                    self.replace_device_classes,
+                    self.device_class_event,
+                    True,
+                ),
+                "resourceslices": (
+                    resource_api.list_resource_slice,
+                    {},
+                    self.replace_slices,
+                    self.slice_event,
+                    True,
+                ),
+                "resourceclaims": (
+                    resource_api.list_resource_claim_for_all_namespaces,
+                    {},
+                    self.replace_claims,
+                    self.claim_event,
+                    True,
+                ),
+            }
+        for kind, (func, params, replace, apply, optional) in sources.items():
+            classes = self.reflectors.get("deviceclasses")
             self.reflectors[kind] = Reflector(
-                kind, func, params, replace, apply, stop=self._stop, reset_connections=reset,
+                kind,
+                func,
+                params,
+                replace,
+                apply,
+                stop=self._stop,
+                reset_connections=reset,
                 clock=self._monotonic,
+                optional=optional,
+                after=classes.synced if classes is not None and kind != "resourceclaims" else None,
             )
         for reflector in self.reflectors.values():
             reflector.start()

@@ -31,17 +31,28 @@ MAX_PRODUCTS = 64
 
 
 class NodeFacts:
-    """What the extender knows about one node."""
+    """What the extender knows about one node.
+
+    ``allocatable`` counts what a pod asks for: whole GPUs, MIG devices under GFD's
+    single strategy, replicas of a time-sliced or MPS-shared GPU (GPUs times replicas), or
+    a DRA driver's devices of the class serving ``nvidia.com/gpu``. ``product`` is the
+    label value (``…-SHARED`` when shared, ``…-MIG-1g.10gb`` under MIG single), ``model``
+    the same without ``-SHARED``. ``memory_mib`` is what one pod can count on: the GPU's
+    (or MIG slice's) memory, divided by the replicas when the GPU is shared.
+    """
 
     __slots__ = (
         "allocatable",
         "capacity_type",
+        "dra",
         "error",
         "heartbeat",
         "labelled_gpu",
         "memory_mib",
+        "model",
         "name",
         "product",
+        "replicas",
         "zone",
     )
 
@@ -56,6 +67,8 @@ class NodeFacts:
         capacity_type: str | None = None,
         zone: str | None = None,
         heartbeat: float | None = None,
+        replicas: int = 1,
+        dra: bool = False,
         error: str | None = None,
     ) -> None:
         self.name = name
@@ -63,9 +76,14 @@ class NodeFacts:
         self.labelled_gpu = labelled_gpu
         self.memory_mib = memory_mib
         self.product = product
+        self.model = _opt_intern(contract.base_product(product)) if product else None
         self.capacity_type = capacity_type
         self.zone = zone
         self.heartbeat = heartbeat
+        #: GFD's gpu.replicas: > 1 when the device plugin time-slices or MPS-shares.
+        self.replicas = replicas
+        #: True when the GPUs come from a DRA driver's ResourceSlices.
+        self.dra = dra
         #: Why the Node object could not be read (a field of the wrong type): the
         #: node then fails every pod with this reason.
         self.error = error
@@ -129,16 +147,26 @@ def _node_facts(name: str, meta: Mapping[str, Any], node: Mapping[str, Any]) -> 
     label(contract.LABEL_GPU_MEMORY)
     label(contract.LABEL_EKS_CAPACITY_TYPE)
     label(contract.LABEL_KARPENTER_CAPACITY_TYPE)
+    replicas = _replicas(label(contract.LABEL_GPU_REPLICAS))
+    memory = contract.node_gpu_memory_mib(labels)
     return NodeFacts(
         name,
         min(allocatable, MAX_GPUS),
         labelled_gpu=present == "true" or contract.LABEL_GPU_COUNT in labels,
-        memory_mib=contract.node_gpu_memory_mib(labels),
+        memory_mib=memory // replicas if memory is not None else None,
         product=_opt_intern(label(contract.LABEL_GPU_PRODUCT)),
         capacity_type=contract.capacity_type(labels),
         zone=_opt_intern(label(contract.LABEL_ZONE)),
         heartbeat=rfc3339_seconds(heartbeat),
+        replicas=replicas,
     )
+
+
+def _replicas(value: str | None) -> int:
+    """GFD's ``gpu.replicas`` as a divisor: 1 unless it says the GPU is shared."""
+    if value and value.isascii() and value.isdigit() and len(value) <= 5:
+        return max(1, int(value))
+    return 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +189,10 @@ class PodFacts:
 
 
 def parse_products(raw: str) -> frozenset[str] | None:
-    """``gpu-scheduler.io/gpu-products``: a comma list of product label values."""
-    return frozenset(p.strip() for p in raw.split(",") if p.strip()) or None
+    """``gpu-scheduler.io/gpu-products``: a comma list of product label values. GFD's
+    ``-SHARED`` suffix is dropped: a pod naming the model means it shared or not."""
+    found = (contract.base_product(p.strip()) for p in raw.split(",") if p.strip())
+    return frozenset(found) or None
 
 
 def _bounded_name(value: Any, fallback: str) -> str:

@@ -42,6 +42,9 @@ WATCH_SECONDS = 30
 #: Longest silence on a list or watch call before it is abandoned, in seconds.
 SILENCE = 50.0
 CONNECT_TIMEOUT = 10.0
+#: An optional kind the API server does not serve (or lets us read) is asked again
+#: this often, in seconds.
+ABSENT_RETRY = 300.0
 #: Longest wait between two attempts after a failure, in seconds.
 MAX_BACKOFF = 4.0
 PAGE_SIZE = 500
@@ -65,6 +68,8 @@ class Reflector:
         clock: Callable[[], float] = time.monotonic,
         silence: float = SILENCE,
         watch_seconds: int = WATCH_SECONDS,
+        optional: bool = False,
+        after: threading.Event | None = None,
     ) -> None:
         self.kind = kind
         self.list_func = list_func
@@ -81,14 +86,30 @@ class Reflector:
         self.contact: float | None = None
         self.relists = 0
         self._version: str | None = None
+        #: Optional kinds only: the API server does not serve it (404) or lets us read
+        #: it (403). It then counts as listed and empty, and is asked again later.
+        self.optional = optional
+        self.absent: str | None = None
+        self._relist = threading.Event()
+        #: Wait (up to :data:`SILENCE`) for this before the first list: ResourceSlices
+        #: are read through the DeviceClass that selects their devices.
+        self.after = after
 
     def age(self) -> float | None:
-        """Seconds since the last word from the API server (None: never listed)."""
+        """Seconds since the last word from the API server (None: never listed; 0 for
+        an absent optional kind: there is nothing to be stale about)."""
+        if self.absent is not None:
+            return 0.0
         return None if self.contact is None else max(0.0, self.clock() - self.contact)
 
     def _touch(self) -> None:
         self.contact = self.clock()
         metrics.CACHE_CONTACT.labels(self.kind).set(time.time())
+
+    def request_relist(self) -> None:
+        """List again at the end of the current watch (within :data:`WATCH_SECONDS`):
+        what the cache kept of the objects no longer answers a new question."""
+        self._relist.set()
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run, name=f"reflector-{self.kind}", daemon=True)
@@ -100,6 +121,8 @@ class Reflector:
 
         why, backoff = "start", 0.5
         version: str | None = None  # None: list first
+        if self.after is not None:
+            self.after.wait(self.silence)
         while not self.stop.is_set():
             try:
                 if version is None:
@@ -107,11 +130,19 @@ class Reflector:
                 self._watch(version)
                 version = self._version or version  # ended on time: watch on from here
                 backoff = 0.5
+                if self._relist.is_set():
+                    self._relist.clear()
+                    why, version = "requested", None
             except Gone:
                 why, version = "gone", None
             except Exception as exc:
                 if self.stop.is_set():
                     return
+                if self.optional and version is None and _status(exc) in (403, 404):
+                    self._absent(_status(exc))
+                    self.stop.wait(ABSENT_RETRY)
+                    why = "absent"
+                    continue
                 self.reset_connections()
                 if is_timeout(exc):
                     # Silence: maybe a half-open connection; list again over a new one.
@@ -139,6 +170,18 @@ class Reflector:
                 self.stop.wait(backoff * random.uniform(0.8, 1.2))
                 backoff = min(backoff * 2, MAX_BACKOFF)
 
+    def _absent(self, status: int | None) -> None:
+        reason = "not served by the API server" if status == 404 else "not readable (RBAC)"
+        if self.absent != reason:
+            (log.info if status == 404 else log.warning)(
+                "optional kind unavailable; treating it as empty",
+                extra={"kind": self.kind, "why": reason, "retry_s": ABSENT_RETRY},
+            )
+        self.absent = reason
+        self.replace([])
+        self._touch()
+        self.synced.set()
+
     def _list(self, why: str) -> str:
         started = time.monotonic()
         items: list[Any] = []
@@ -158,6 +201,7 @@ class Reflector:
             if not token:
                 break
         version = str(meta.get("resourceVersion") or "")
+        self.absent = None
         self.replace(items)
         self._version = version
         self._touch()
@@ -192,6 +236,11 @@ class Reflector:
             self._touch()
             if event != "BOOKMARK":
                 self.apply(event, obj)
-            if self.stop.is_set():
+            if self.stop.is_set() or self._relist.is_set():
                 return
         self._touch()  # the server ended the watch on time: it is alive
+
+
+def _status(exc: BaseException) -> int | None:
+    status = getattr(exc, "status", None)
+    return status if isinstance(status, int) else None

@@ -1,50 +1,45 @@
-"""``gpu-scheduler status``: the cluster's GPU inventory and allocation, one row a node."""
+"""``gpu-scheduler status``: the cluster's GPUs as the extender sees them, one row a node.
+
+It fills the extender's own cache from one list of each kind (Nodes, bound Pods and,
+where the cluster serves them, DeviceClasses, ResourceSlices and ResourceClaims), so
+the numbers are the extender's numbers: device-plugin nodes and DRA nodes, whole,
+shared (time-slicing, MPS) and MIG GPUs alike.
+
+Like every subcommand module it imports nothing heavy at the top: the parser imports
+it, and the servers must choose their metrics store before prometheus_client loads.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpu_scheduler import contract
-from gpu_scheduler.fields import FieldError
-from gpu_scheduler.quantity import QuantityError, parse_quantity
-from gpu_scheduler.timestamps import rfc3339_seconds
+from gpu_scheduler.table import render_table
 
-COLUMNS = ("NODE", "PRODUCT", "MEM/GPU", "GPUS", "USED", "FREE", "ZONE", "CAPACITY", "AGENT")
+if TYPE_CHECKING:
+    from extender.model import NodeFacts
+    from extender.view import View
 
-
-def _gpus(value: Any) -> int:
-    try:
-        return int(parse_quantity(value)) if value is not None else 0
-    except QuantityError:
-        return 0
+COLUMNS = ("NODE", "PRODUCT", "MEM/GPU", "KIND", "GPUS", "USED", "FREE", "ZONE", "CAPACITY",
+           "AGENT")
 
 
-def used_gpus(pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """GPUs requested by bound, non-terminal pods, per node."""
-    used: dict[str, int] = {}
-    for pod in pods:
-        spec = pod.get("spec") or {}
-        node = spec.get("nodeName")
-        if not node or (pod.get("status") or {}).get("phase") in contract.TERMINAL_PHASES:
-            continue
-        try:
-            gpus = contract.pod_gpu_request(spec)
-        except FieldError:
-            continue
-        if gpus:
-            used[node] = used.get(node, 0) + gpus
-    return used
+def kind(facts: NodeFacts) -> str:
+    """How the node's GPUs are offered: whole, shared xN, MIG or DRA."""
+    if facts.dra:
+        return "DRA"
+    if facts.replicas > 1:
+        return f"shared x{facts.replicas}"
+    if facts.product and "-MIG-" in facts.product:
+        return "MIG"
+    return "whole" if facts.allocatable or facts.labelled_gpu else "-"
 
 
-def _age(stamp: str | None, now: float) -> str:
-    if not stamp:
-        return "-"
-    beat = rfc3339_seconds(stamp)
+def age(beat: float | None, now: float) -> str:
     if beat is None:
-        return "unreadable"
+        return "-"
     seconds = now - beat
     if seconds < 120:
         return f"{int(seconds)}s ago"
@@ -53,58 +48,57 @@ def _age(stamp: str | None, now: float) -> str:
     return f"{int(seconds // 3600)}h ago"
 
 
-def inventory_rows(
-    nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], now: float
-) -> list[tuple[str, ...]]:
-    used = used_gpus(pods)
+def inventory_rows(view: View, now: float) -> list[tuple[str, ...]]:
     rows = []
-    for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
-        meta = node["metadata"]
-        labels = meta.get("labels") or {}
-        annotations = meta.get("annotations") or {}
-        name = meta["name"]
-        total = _gpus(
-            ((node.get("status") or {}).get("allocatable") or {}).get(contract.RESOURCE_GPU)
-        )
-        memory = contract.node_gpu_memory_mib(labels)
-        taken = used.get(name, 0)
+    for name in sorted(view.nodes):
+        facts = view.nodes[name]
+        total = facts.allocatable
+        taken = view.used_gpus(name)
         rows.append(
             (
                 name,
-                labels.get(contract.LABEL_GPU_PRODUCT, "-"),
-                f"{memory} MiB" if memory else "-",
+                facts.product or "-",
+                f"{facts.memory_mib} MiB" if facts.memory_mib else "-",
+                kind(facts),
                 str(total),
                 str(taken),
                 str(max(total - taken, 0)),
-                labels.get(contract.LABEL_ZONE, "-"),
-                contract.capacity_type(labels) or "-",
-                _age(annotations.get(contract.ANN_HEARTBEAT), now),
+                facts.zone or "-",
+                facts.capacity_type or "-",
+                age(facts.heartbeat, now),
             )
         )
     return rows
 
 
-def render_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [len(h) for h in header]
-    for row in rows:
-        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
-    for row in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    return "\n".join(lines)
+def _items(call: Any, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+    response = call(*args, _preload_content=False, **kwargs)
+    return json.loads(response.data).get("items") or []
 
 
 def cluster_status(api_client: Any) -> str:
     from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from extender.cache import POD_FIELD_SELECTOR, ClusterCache
 
     core = client.CoreV1Api(api_client)
-    nodes = api_client.sanitize_for_serialization(core.list_node().items)
-    pods = api_client.sanitize_for_serialization(
-        core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=").items
+    cache = ClusterCache()
+    cache.replace_nodes(_items(core.list_node))
+    cache.replace_pods(
+        _items(core.list_pod_for_all_namespaces, field_selector=POD_FIELD_SELECTOR)
     )
-    rows = inventory_rows(nodes, pods, time.time())
-    total = sum(int(r[3]) for r in rows)
-    taken = sum(int(r[4]) for r in rows)
+    resource = client.ResourceV1Api(api_client)
+    try:
+        cache.replace_device_classes(_items(resource.list_device_class))
+        cache.replace_slices(_items(resource.list_resource_slice))
+        cache.replace_claims(_items(resource.list_resource_claim_for_all_namespaces))
+    except ApiException as exc:
+        if exc.status not in (403, 404):  # no DRA here, or not ours to read
+            raise
+    rows = inventory_rows(cache.view(), time.time())
+    total = sum(int(r[4]) for r in rows)
+    taken = sum(int(r[5]) for r in rows)
     summary = f"{len(rows)} nodes, {total} GPUs allocatable, {taken} in use, {total - taken} free"
     return render_table(COLUMNS, rows) + "\n" + summary
 

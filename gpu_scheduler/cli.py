@@ -18,7 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("agent.cli", "publish this node's GPUs as node labels and capacity (DaemonSet)"),
     "webhook": ("webhook.cli", "serve the mutating admission webhook over TLS"),
     "certs": ("certs.cli", "generate the webhook's CA and serving certificate"),
-    "status": ("gpu_scheduler.status", "print the cluster's GPU inventory and allocation"),
+    "status": ("extender.status", "print the cluster's GPU inventory as the extender sees it"),
     "demo": ("gpu_scheduler.demo", "run everything on a local control plane and place pods"),
 }
 

@@ -156,9 +156,10 @@ def why(pod: dict[str, Any], node: dict[str, Any] | None, events: list[str]) -> 
 def run_demo(workdir: Path, keep: bool) -> int:
     from kubernetes import client
 
+    from extender.status import cluster_status
     from gpu_scheduler.localcluster import node_object
     from gpu_scheduler.stack import start_stack
-    from gpu_scheduler.status import cluster_status, render_table
+    from gpu_scheduler.table import render_table
 
     print(
         "starting the control plane and gpu-scheduler (extender, webhook, scheduler)...", flush=True

@@ -48,6 +48,8 @@ CONTROLLERS = (
     "garbagecollector",
     "serviceaccount",
     "serviceaccount-token",
+    # DRA: frees the devices of a finished pod's claims (kube-scheduler allocates them).
+    "resourceclaim-controller",
 )
 
 

@@ -52,7 +52,7 @@ class GpuPolicy:
         want = state.gpus
         if node.allocatable == 0:
             return NOT_ADVERTISED if node.labelled_gpu else NO_GPUS
-        if state.products is not None and node.product not in state.products:
+        if state.products is not None and node.model not in state.products:
             have = node.product or f"unknown (no {contract.LABEL_GPU_PRODUCT} label)"
             return Failure(
                 f"GPU product {have} is not one of {contract.ANN_GPU_PRODUCTS}="
@@ -92,7 +92,7 @@ class GpuPolicy:
             i
             for i, n in enumerate(nodes)
             if n.allocatable - used(n.name, 0) < want
-            or (products is not None and n.product not in products)
+            or (products is not None and n.model not in products)
             or (least is not None and (n.memory_mib is None or n.memory_mib < least))
         ]
 

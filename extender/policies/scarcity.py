@@ -39,4 +39,4 @@ class ScarcityPolicy:
         self, pressure: dict[str, float], nodes: Sequence[NodeFacts], view: ClusterView
     ) -> list[float]:
         get = pressure.get
-        return [(1.0 - min(1.0, get(n.product, 0.0))) ** 2 if n.product else 1.0 for n in nodes]
+        return [(1.0 - min(1.0, get(n.model, 0.0))) ** 2 if n.model else 1.0 for n in nodes]

@@ -357,3 +357,49 @@ def test_cache_pressure_from_bound_pods_and_node_capacity():
     assert cache.view().pressure["T4"] == pytest.approx(0.5 / (2 / 10))
     cache.pod_event("DELETED", make_pod("r", 2, node="t4"))
     assert cache.view().pressure["T4"] == 0
+
+
+# --- shared GPUs (time-slicing, MPS) and MIG single, as GFD labels them ------------------
+def shared_node(name, gpus=8, replicas=4):
+    node = make_node(name, gpus * replicas, product="NVIDIA-H100-80GB-HBM3-SHARED",
+                     memory_mib=81559)
+    node["metadata"]["labels"][contract.LABEL_GPU_REPLICAS] = str(replicas)
+    node["metadata"]["labels"][contract.LABEL_GPU_SHARING_STRATEGY] = "time-slicing"
+    node["metadata"]["labels"][contract.LABEL_GPU_COUNT] = str(gpus)
+    return node
+
+
+def test_time_sliced_nodes_count_replicas_and_match_the_model_with_or_without_shared():
+    (node,) = facts(shared_node("ts"))
+    assert (node.allocatable, node.replicas, node.model) == (32, 4, "NVIDIA-H100-80GB-HBM3")
+    # allocatable is 8 GPUs x 4 replicas; 30 replicas are in use, 2 are free
+    view = View(used={"ts": 30})
+    assert run_filter(make_pod(gpus=2), [node], view).passed == ["ts"]
+    assert run_filter(make_pod(gpus=3), [node], view).failed == {
+        "ts": "2 of 32 GPUs free; pod requests 3"
+    }
+    for products in ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-SHARED"):
+        pod = make_pod(gpus=1, annotations={contract.ANN_GPU_PRODUCTS: products})
+        assert run_filter(pod, [node]).passed == ["ts"], products
+
+
+def test_min_gpu_memory_on_a_shared_gpu_is_its_share():
+    """Time-slicing guarantees no memory at all, MPS caps each client at memory /
+    replicas: a pod on a shared GPU can count on its share, 81559 / 4 = 20389 MiB."""
+    (node,) = facts(shared_node("ts"))
+    assert node.memory_mib == 20389
+    fits = make_pod(gpus=1, annotations={contract.ANN_MIN_GPU_MEMORY: "19Gi"})
+    assert run_filter(fits, [node]).passed == ["ts"]
+    too_big = make_pod(gpus=1, annotations={contract.ANN_MIN_GPU_MEMORY: "20Gi"})
+    assert "20389 MiB per GPU is below" in run_filter(too_big, [node]).unresolvable["ts"]
+
+
+def test_mig_single_strategy_nodes_are_matched_by_their_mig_product():
+    node = make_node("mig", 56, product="NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", memory_mib=4864)
+    (mig,) = facts(node)
+    pod = make_pod(gpus=1, annotations={contract.ANN_GPU_PRODUCTS: mig.product})
+    assert run_filter(pod, [mig]).passed == ["mig"]
+    whole = make_pod(gpus=1, annotations={contract.ANN_GPU_PRODUCTS: "NVIDIA-A100-SXM4-40GB"})
+    assert "is not one of" in run_filter(whole, [mig]).unresolvable["mig"]
+    small = make_pod(gpus=1, annotations={contract.ANN_MIN_GPU_MEMORY: "10Gi"})
+    assert "4864 MiB per GPU" in run_filter(small, [mig]).unresolvable["mig"]

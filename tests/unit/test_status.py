@@ -1,55 +1,68 @@
+"""``gpu-scheduler status``: the extender's own numbers, for every kind of GPU node."""
+
+from __future__ import annotations
+
+from extender.cache import ClusterCache
+from extender.status import COLUMNS, inventory_rows
 from gpu_scheduler import contract
 from gpu_scheduler.demo import NODES, PODS, inventory, pod_manifest, why
-from gpu_scheduler.status import COLUMNS, inventory_rows, render_table, used_gpus
+from gpu_scheduler.table import render_table
 from tests.factories import make_node, make_pod
+from tests.unit.test_dra import claim, device_class, gpu_device, resource_slice
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 
 
-def test_inventory_rows_count_bound_running_pods_only():
-    nodes = [
-        make_node(
-            "b",
-            8,
-            product="NVIDIA-H100-80GB-HBM3",
-            memory_mib=81559,
-            zone="z",
-            capacity_type="SPOT",
-            heartbeat="2027-01-15T07:59:00Z",
-        ),
-        make_node("a"),
-    ]
-    pods = [
-        make_pod("r", 3, node="b", phase="Running"),
-        make_pod("done", 8, node="b", phase="Succeeded"),
-        make_pod("pending", 8),
-    ]
-    assert used_gpus(pods) == {"b": 3}
-    rows = inventory_rows(nodes, pods, NOW)
-    assert rows[0] == ("a", "-", "-", "0", "0", "0", "-", "-", "-")
-    assert rows[1] == (
-        "b",
-        "NVIDIA-H100-80GB-HBM3",
-        "81559 MiB",
-        "8",
-        "3",
-        "5",
-        "z",
-        "spot",
-        "60s ago",
+def test_inventory_rows_for_whole_shared_mig_and_dra_nodes():
+    shared = make_node("ts", 32, product="NVIDIA-H100-80GB-HBM3-SHARED", memory_mib=81559)
+    shared["metadata"]["labels"][contract.LABEL_GPU_REPLICAS] = "4"
+    cache = ClusterCache()
+    cache.replace_nodes(
+        [
+            make_node(
+                "b", 8, product="NVIDIA-H100-80GB-HBM3", memory_mib=81559, zone="z",
+                capacity_type="SPOT", heartbeat="2027-01-15T07:59:00Z",
+            ),
+            make_node("a"),
+            shared,
+            make_node("mig", 14, product="NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", memory_mib=4864),
+            make_node("dra"),
+        ]
     )
-    table = render_table(COLUMNS, rows)
-    assert table.splitlines()[0].startswith("NODE")
-    assert len(table.splitlines()) == 3
+    cache.replace_device_classes([device_class()])
+    cache.replace_slices([resource_slice("dra", [gpu_device(i, "NVIDIA L4", 23034)
+                                                  for i in range(4)])])
+    cache.replace_claims([claim("c", "dra", ["gpu-1"])])
+    cache.replace_pods(
+        [
+            make_pod("r", 3, node="b", phase="Running"),
+            make_pod("done", 8, node="b", phase="Succeeded"),  # finished: holds nothing
+            make_pod("pending", 8),  # not bound: holds nothing
+            make_pod("t", 5, node="ts", phase="Running"),
+            make_pod("on-dra", 1, node="dra", phase="Running"),  # its claim counts, once
+        ]
+    )
+    rows = {row[0]: row for row in inventory_rows(cache.view(), NOW)}
+    assert rows["a"] == ("a", "-", "-", "-", "0", "0", "0", "-", "-", "-")
+    assert rows["b"] == (
+        "b", "NVIDIA-H100-80GB-HBM3", "81559 MiB", "whole", "8", "3", "5", "z", "spot", "60s ago"
+    )
+    assert rows["ts"][1:7] == (
+        "NVIDIA-H100-80GB-HBM3-SHARED", "20389 MiB", "shared x4", "32", "5", "27"
+    )
+    assert rows["mig"][3:5] == ("MIG", "14")
+    assert rows["dra"][1:7] == ("NVIDIA-L4", "23034 MiB", "DRA", "4", "1", "3")
+    table = render_table(COLUMNS, list(rows.values())).splitlines()
+    assert table[0].split() == list(COLUMNS) and len(table) == 6
 
 
 def test_demo_inventories_and_explanations():
     gpu_nodes = [n for n in NODES if n.gpu]
     assert all(len(inventory(n)["gpus"]) == n.count for n in gpu_nodes)
     node = make_node("h", 8, product="NVIDIA-L4", memory_mib=23034, zone="zone-c")
-    for name, gpus, annotations, _ in PODS:
-        pod = pod_manifest(name, gpus, annotations)
+    for name, gpus, knobs, _ in PODS:
+        pod = pod_manifest(name, gpus, knobs)
         pod["spec"]["schedulerName"] = contract.SCHEDULER_NAME
         text = why(pod, node, [])
-        assert text
+        assert text.startswith("gpu-scheduler") if gpus else "default scheduler" in text
     assert "FailedScheduling" in why(pod_manifest("x", 1, {}), None, ["FailedScheduling: nope"])

@@ -1,0 +1,253 @@
+"""The GPUs DRA drivers publish per node, and which of them claims hold.
+
+Kept by the cluster cache (under its lock) from three watched kinds of
+``resource.k8s.io/v1``: DeviceClasses (which class serves ``nvidia.com/gpu``),
+ResourceSlices (each node's devices of that class) and ResourceClaims (which devices
+are allocated; kube-scheduler's own claims for extended-resource requests and explicit
+claims alike). Every change says which nodes it touched, so the cache recomputes only
+those.
+
+Only what the policies need is kept: of a slice, its pool's generation and, for each
+device of the GPU class, its key, its node and its product and memory (shared between
+identical GPUs); of a claim, the keys of its devices. Device attributes are not kept,
+so when the class changes the slices must be listed again: :attr:`needs_relist` says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_scheduler import contract, dra
+
+log = logging.getLogger(__name__)
+_intern = sys.intern
+
+
+@dataclass(frozen=True, slots=True)
+class DraGpu:
+    product: str | None  # as GFD would label it
+    memory_mib: int | None
+
+
+_GPUS: dict[tuple[str | None, int | None], DraGpu] = {}
+
+
+def _gpu(device: dra.Device) -> DraGpu:
+    """Product and memory of a device, one shared object per distinct pair."""
+    name = device.attribute(dra.ATTR_PRODUCT)
+    product = contract.product_label_value(name) if isinstance(name, str) and name else None
+    memory = device.capacity_of(dra.CAPACITY_MEMORY)
+    mib = int(memory / (1 << 20)) if memory is not None and memory > 0 else None
+    pair = (_intern(product) if product else None, mib)
+    return _GPUS.setdefault(pair, DraGpu(*pair))
+
+
+# A slice as kept: driver, pool, generation, and (node, key, gpu) per device of the class.
+_Slice = tuple[str, str, int, list[tuple[str, dra.DeviceKey, DraGpu]]]
+
+
+def _key_of(obj: Mapping[str, Any]) -> str | None:
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    uid = meta.get("uid")
+    if isinstance(uid, str) and uid:
+        return uid
+    name = meta.get("name")
+    return f"{meta.get('namespace')}/{name}" if isinstance(name, str) else None
+
+
+class DraIndex:
+    def __init__(self, resource: str = contract.RESOURCE_GPU) -> None:
+        self.resource = resource
+        self._classes: dict[str, dra.DeviceClass] = {}
+        self._matcher: dra.ClassMatcher | None = None
+        self._slices: dict[str, _Slice] = {}
+        #: Slices were read without the class that selects their devices (or with an
+        #: older one): list them again (the cache asks the slices' reflector to).
+        self.needs_relist = False
+        self._node_slices: dict[str, set[str]] = {}
+        self._gpus: dict[str, dict[dra.DeviceKey, DraGpu]] = {}
+        self._device_node: dict[dra.DeviceKey, str] = {}
+        self._claims: dict[str, frozenset[dra.DeviceKey]] = {}
+        self._allocated: dict[dra.DeviceKey, int] = {}
+        self._used: dict[str, int] = {}
+
+    # --- what the cache reads -------------------------------------------------------
+    def gpus(self, node: str) -> Mapping[dra.DeviceKey, DraGpu]:
+        """The node's devices of the class serving the resource (empty: none)."""
+        return self._gpus.get(node, {})
+
+    def used(self, node: str) -> int:
+        """Of those, how many some claim holds."""
+        return self._used.get(node, 0)
+
+    @property
+    def device_class(self) -> str | None:
+        return self._matcher.device_class.name if self._matcher else None
+
+    def counts(self) -> dict[str, int]:
+        return {"deviceclasses": len(self._classes), "resourceslices": len(self._slices),
+                "resourceclaims": len(self._claims)}
+
+    # --- DeviceClasses --------------------------------------------------------------
+    def replace_classes(self, items: Iterable[Mapping[str, Any]]) -> set[str]:
+        self._classes = {}
+        for item in items:
+            parsed = dra.device_class(item)
+            if parsed is not None:
+                self._classes[parsed.name] = parsed
+        return self._choose_class()
+
+    def class_event(self, kind: str, obj: Mapping[str, Any]) -> set[str]:
+        parsed = dra.device_class(obj)
+        if parsed is None:
+            return set()
+        if kind == "DELETED":
+            self._classes.pop(parsed.name, None)
+        else:
+            self._classes[parsed.name] = parsed
+        return self._choose_class()
+
+    def _choose_class(self) -> set[str]:
+        chosen = dra.class_for(self._classes.values(), self.resource)
+        current = self._matcher.device_class if self._matcher else None
+        if chosen == current:
+            return set()
+        self._matcher = dra.ClassMatcher(chosen) if chosen is not None else None
+        log.info(
+            "DeviceClass for the resource",
+            extra={"resource": self.resource, "deviceclass": chosen.name if chosen else None},
+        )
+        if self._slices:
+            self.needs_relist = True
+        touched = set(self._gpus)
+        if self._matcher is None:  # nothing serves the resource any more
+            self._slices, self._node_slices = {}, {}
+        return self._refresh(touched)
+
+    # --- ResourceSlices -------------------------------------------------------------
+    def replace_slices(self, items: Iterable[Mapping[str, Any]]) -> set[str]:
+        touched = set(self._node_slices) | set(self._gpus)
+        self._slices, self._node_slices = {}, {}
+        self.needs_relist = False
+        for item in items:
+            touched |= self._put_slice(item)
+        return self._refresh(touched)
+
+    def slice_event(self, kind: str, obj: Mapping[str, Any]) -> set[str]:
+        name = _key_of(obj)
+        if name is None:
+            return set()
+        touched = self._drop_slice(name)
+        if kind != "DELETED":
+            touched |= self._put_slice(obj)
+        return self._refresh(touched)
+
+    def _put_slice(self, obj: Mapping[str, Any]) -> set[str]:
+        name = _key_of(obj)
+        parsed = dra.slice_devices(obj)
+        if name is None or parsed is None:
+            return set()
+        driver, pool, generation, devices = parsed
+        if self._matcher is None:
+            kept = []
+            if devices:
+                self.needs_relist = True  # a class may appear and select them
+        else:
+            kept = [(d.node, d.key, _gpu(d)) for d in devices if self._matcher.matches(d)]
+        self._slices[name] = (_intern(driver), _intern(pool), generation, kept)
+        nodes = {node for node, _, _ in kept}
+        for node in nodes:
+            self._node_slices.setdefault(node, set()).add(name)
+        return nodes
+
+    def _drop_slice(self, name: str) -> set[str]:
+        old = self._slices.pop(name, None)
+        if old is None:
+            return set()
+        nodes = {node for node, _, _ in old[3]}
+        for node in nodes:
+            names = self._node_slices.get(node)
+            if names is not None:
+                names.discard(name)
+                if not names:
+                    del self._node_slices[node]
+        return nodes
+
+    def _refresh(self, nodes: set[str]) -> set[str]:
+        """Recompute the GPUs of ``nodes``: the newest generation of each pool only,
+        devices of the chosen class only."""
+        for node in nodes:
+            for key in self._gpus.pop(node, {}):
+                self._device_node.pop(key, None)
+            self._used.pop(node, None)
+            if self._matcher is None:
+                continue
+            newest: dict[tuple[str, str], int] = {}
+            slices = [self._slices[n] for n in self._node_slices.get(node, ())]
+            for driver, pool, generation, _ in slices:
+                newest[(driver, pool)] = max(generation, newest.get((driver, pool), generation))
+            found: dict[dra.DeviceKey, DraGpu] = {}
+            for driver, pool, generation, devices in slices:
+                if generation != newest[(driver, pool)]:
+                    continue
+                for where, key, gpu in devices:
+                    if where == node:
+                        found[key] = gpu
+            if found:
+                self._gpus[node] = found
+                for key in found:
+                    self._device_node[key] = node
+                used = sum(1 for key in found if self._allocated.get(key))
+                if used:
+                    self._used[node] = used
+        return nodes
+
+    # --- ResourceClaims -------------------------------------------------------------
+    def replace_claims(self, items: Iterable[Mapping[str, Any]]) -> set[str]:
+        before = set(self._used)
+        self._claims, self._allocated = {}, {}
+        for item in items:
+            key = _key_of(item)
+            devices = dra.claim_devices(item)
+            if key is not None and devices:
+                self._claims[key] = devices
+                for device in devices:
+                    self._allocated[device] = self._allocated.get(device, 0) + 1
+        self._used = {}
+        for device in self._allocated:
+            node = self._device_node.get(device)
+            if node is not None:
+                self._used[node] = self._used.get(node, 0) + 1
+        return before | set(self._used)
+
+    def claim_event(self, kind: str, obj: Mapping[str, Any]) -> set[str]:
+        key = _key_of(obj)
+        if key is None:
+            return set()
+        old = self._claims.pop(key, frozenset())
+        new = frozenset() if kind == "DELETED" else dra.claim_devices(obj)
+        if new:
+            self._claims[key] = new
+        touched = set()
+        for device, sign in [*((d, -1) for d in old - new), *((d, 1) for d in new - old)]:
+            count = self._allocated.get(device, 0) + sign
+            if count > 0:
+                self._allocated[device] = count
+            else:
+                self._allocated.pop(device, None)
+            became = (count == 1 and sign == 1) or (count == 0 and sign == -1)
+            node = self._device_node.get(device)
+            if became and node is not None:
+                used = self._used.get(node, 0) + sign
+                if used > 0:
+                    self._used[node] = used
+                else:
+                    self._used.pop(node, None)
+                touched.add(node)
+        return touched
