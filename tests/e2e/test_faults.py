@@ -8,126 +8,26 @@ quoted in the README's "Failure modes".
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import requests
 
 from gpu_scheduler import contract
-from gpu_scheduler.localcluster import Process, free_port, start_control_plane
-from gpu_scheduler.stack import Stack, scheduler_config
 from gpu_scheduler.timestamps import rfc3339
-from tests.e2e.faults import Proxy
-from tests.e2e.kube import (
-    bind_pod,
-    core,
-    create_node,
-    create_pod,
-    gpu_labels,
-    pod_manifest,
-    unique,
-    wait_bound,
-    wait_event,
-)
+from tests.e2e.kube import bind_pod, core, wait_bound, wait_event
+from tests.e2e.scenarios import Scenario, own_stack, scenario
 from tests.helpers import wait_for
-
-H100 = ("NVIDIA-H100-80GB-HBM3", 81559)
-TOLERATE_GPU = [dict(contract.GPU_TOLERATION)]
-GPU_TAINT = [{"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}]
 
 
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory, control_plane_binary):
-    work = tmp_path_factory.mktemp("faults")
-    stack = Stack(start_control_plane(work / "cluster", control_plane_binary), work)
-    stack.api = stack.cluster.api_client()
+    stack = own_stack(tmp_path_factory.mktemp("faults"), control_plane_binary)
     yield stack
     stack.stop()
-
-
-@dataclass
-class Scenario:
-    stack: Stack
-    name: str
-    profile: str
-    port: int
-    extender: Process
-    proxy: Proxy | None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def ready(self) -> int:
-        try:
-            return requests.get(self.url + "/readyz", timeout=2).status_code
-        except requests.RequestException:
-            return 0
-
-    def filter(self, pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
-        body = {"Pod": pod, "NodeNames": names}
-        return requests.post(self.url + "/filter", json=body, timeout=5).json()
-
-    def metric(self, line_start: str) -> float:
-        for line in requests.get(self.url + "/metrics", timeout=5).text.splitlines():
-            if line.startswith(line_start):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
-
-    def pod(self, gpus: int, case: str, **kw: Any) -> str:
-        name = unique(self.name)
-        manifest = pod_manifest(
-            name, gpus, case=case, scheduler=self.profile, tolerations=TOLERATE_GPU, **kw
-        )
-        create_pod(self.stack, manifest)
-        return name
-
-    def node(self, case: str, gpus: int = 8, **annotations: str) -> str:
-        return create_node(
-            self.stack,
-            unique(case),
-            case=case,
-            gpus=gpus,
-            labels=gpu_labels(gpus, *H100),
-            annotations=annotations,
-            taints=GPU_TAINT,
-        )
-
-
-@contextlib.contextmanager
-def scenario(
-    stack: Stack, name: str, *, proxied: bool = True, hold: bool = False, args_mode: bool = False
-) -> Iterator[Scenario]:
-    cluster = stack.cluster
-    proxy = Proxy(cluster.api_port).start() if proxied else None
-    if proxy is not None and hold:
-        proxy.hold()
-    port = free_port()
-    extender = stack.spawn_extender(
-        f"extender-{name}",
-        port,
-        node_source="args" if args_mode else "cluster",
-        kubeconfig=cluster.kubeconfig_via(proxy.address) if proxy else None,
-        wait=not hold,
-    )
-    profile = f"gpu-{name}"
-    config = scheduler_config(
-        f"http://127.0.0.1:{port}", profile=profile, node_cache_capable=not args_mode
-    )
-    cluster.start_scheduler(f"scheduler-{name}", config)
-    try:
-        yield Scenario(stack, name, profile, port, extender, proxy)
-    finally:
-        cluster.stop_process(f"scheduler-{name}")
-        cluster.stop_process(f"extender-{name}")
-        if proxy is not None:
-            proxy.stop()
 
 
 def test_a_half_open_connection_is_detected_and_healed(faults):

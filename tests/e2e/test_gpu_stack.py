@@ -1,0 +1,229 @@
+"""Beside the GPU stack a cluster already runs: GPU Feature Discovery, the NVIDIA device
+plugin, and a DRA driver. On a control plane of this module's own, with the test
+playing GFD (labels), the kubelet with the device plugin (capacity) and the NVIDIA DRA
+driver (a DeviceClass mapping nvidia.com/gpu, ResourceSlices as the driver publishes
+them); the agent and the extender are ours, and kube-scheduler v1.37 with DRA as
+shipped allocates the claims."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from kubernetes import client
+
+from gpu_scheduler import contract, dra
+from tests.e2e.kube import core, create_node, gpu_labels, wait_bound, wait_event
+from tests.e2e.scenarios import GPU_TAINT, own_stack, scenario
+from tests.helpers import wait_for
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gpus"
+GFD_MANAGER = "gpu-feature-discovery"
+GFD_LABELS = {
+    contract.LABEL_GFD_TIMESTAMP: "1724632719",
+    contract.LABEL_GPU_PRESENT: "true",
+    contract.LABEL_GPU_PRODUCT: "Tesla-T4-SHARED",
+    contract.LABEL_GPU_COUNT: "2",
+    contract.LABEL_GPU_MEMORY: "15360",
+    contract.LABEL_GPU_FAMILY: "turing",
+    contract.LABEL_GPU_REPLICAS: "2",
+    contract.LABEL_GPU_SHARING_STRATEGY: "time-slicing",
+}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, control_plane_binary):
+    stack = own_stack(tmp_path_factory.mktemp("gpustack"), control_plane_binary)
+    yield stack
+    stack.stop()
+
+
+def play_kubelet_with_device_plugin(stack, node: str, gpus: int) -> None:
+    """What the kubelet writes when the NVIDIA device plugin registers ``gpus``."""
+    value = str(gpus)
+    patch = {"status": {"capacity": {contract.RESOURCE_GPU: value},
+                        "allocatable": {contract.RESOURCE_GPU: value}}}
+    core(stack).patch_node_status(node, patch, field_manager="kubelet")
+
+
+def owned_by(stack, node: str, manager: str) -> list[dict[str, Any]]:
+    found = core(stack).read_node(node).metadata.managed_fields or []
+    return [stack.api.sanitize_for_serialization(e) for e in found if e.manager == manager]
+
+
+def test_the_agent_leaves_gfd_labels_and_device_plugin_capacity_alone(lab):
+    """A node labelled by GFD (time-sliced T4s) whose capacity the device plugin
+    advertises; our agent (fake H100 inventory, defaults: --gfd-labels auto, no
+    capacity) runs many sync periods: it never writes GFD's keys or the capacity,
+    writes its heartbeat and annotation, and the extender places by GFD's labels."""
+    name = create_node(lab, "gfd-node", case="gfd", taints=GPU_TAINT)
+    core(lab).patch_node(name, {"metadata": {"labels": GFD_LABELS}}, field_manager=GFD_MANAGER)
+    play_kubelet_with_device_plugin(lab, name, 4)  # 2 T4s x 2 replicas
+    agent = lab.start_agent(name, FIXTURES / "h100x8.yaml", interval="1s", capacity=False)
+    wait_for(
+        lambda: contract.ANN_HEARTBEAT in (core(lab).read_node(name).metadata.annotations or {}),
+        30,
+        "the agent's heartbeat",
+    )
+    time.sleep(6)  # several sync periods
+    node = core(lab).read_node(name)
+    for key, value in GFD_LABELS.items():
+        assert node.metadata.labels[key] == value, key
+    assert contract.ANN_GPUS in node.metadata.annotations
+    agent_fields = owned_by(lab, name, "gpu-scheduler-agent")
+    assert agent_fields, "the agent wrote nothing"
+    for entry in agent_fields:
+        assert "f:labels" not in entry["fieldsV1"].get("f:metadata", {}), entry
+        assert entry.get("subresource") != "status", entry
+    assert node.status.capacity[contract.RESOURCE_GPU] == "4"
+    assert "leaving GPU Feature Discovery's labels alone" in agent.log_path.read_text()
+
+    with scenario(lab, "gfd", proxied=False) as s:
+        # GFD says Tesla-T4-SHARED; the agent's (unwritten) inventory said H100.
+        pod = s.pod(1, "gfd", annotations={contract.ANN_GPU_PRODUCTS: "Tesla-T4"})
+        assert wait_bound(lab, pod, timeout=30) == name
+    lab.cluster.stop_process(agent.name)
+
+
+def test_capacity_on_still_defers_to_the_device_plugin(lab):
+    name = create_node(lab, "dp-node", case="dp", taints=GPU_TAINT,
+                       labels=gpu_labels(8, "NVIDIA-H100-80GB-HBM3", 81559))
+    play_kubelet_with_device_plugin(lab, name, 8)
+    agent = lab.start_agent(
+        name, FIXTURES / "h100x8-unhealthy.yaml", interval="1s", capacity=True
+    )
+    wait_for(lambda: "not advertising" in agent.log_path.read_text(), 30, "the agent's decision")
+    time.sleep(3)
+    assert core(lab).read_node(name).status.capacity[contract.RESOURCE_GPU] == "8"  # not 7
+    assert not [e for e in owned_by(lab, name, "gpu-scheduler-agent")
+                if e.get("subresource") == "status"]
+    lab.cluster.stop_process(agent.name)
+
+
+# --- DRA -----------------------------------------------------------------------------
+
+
+def device(i: int, product: str, mib: int) -> dict[str, Any]:
+    """A GPU as the NVIDIA DRA driver publishes it (kubernetes-sigs/dra-driver-nvidia-gpu)."""
+    return {
+        "name": f"gpu-{i}",
+        "attributes": {
+            "type": {"string": "gpu"},
+            "uuid": {"string": f"GPU-{product[-4:]}-{i:04d}"},
+            "productName": {"string": product},
+            "brand": {"string": "Nvidia"},
+            "architecture": {"string": "Hopper" if "H100" in product else "Ada Lovelace"},
+            "cudaComputeCapability": {"version": "9.0.0" if "H100" in product else "8.9.0"},
+            "driverVersion": {"version": "550.54.15"},
+            "cudaDriverVersion": {"version": "12.4.0"},
+            "resource.kubernetes.io/pciBusID": {"string": f"0000:{16 + i:02x}:00.0"},
+        },
+        "capacity": {"memory": {"value": f"{mib}Mi"}},
+    }
+
+
+def publish_slice(stack, node: str, product: str, mib: int, count: int) -> None:
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": f"{node}-gpu.nvidia.com-"},
+        "spec": {
+            "driver": dra.NVIDIA_DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [device(i, product, mib) for i in range(count)],
+        },
+    }
+    client.ResourceV1Api(stack.api).create_resource_slice(body)
+
+
+@pytest.fixture(scope="module")
+def dra_nodes(lab):
+    api = client.ResourceV1Api(lab.api)
+    api.create_device_class(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "gpu.nvidia.com"},
+            "spec": {
+                "selectors": [
+                    {
+                        "cel": {
+                            "expression": "device.driver == 'gpu.nvidia.com' && "
+                            "device.attributes['gpu.nvidia.com'].type == 'gpu'"
+                        }
+                    }
+                ],
+                "extendedResourceName": contract.RESOURCE_GPU,
+            },
+        }
+    )
+    h100 = create_node(lab, "dra-h100", case="dra", taints=GPU_TAINT)
+    l4 = create_node(lab, "dra-l4", case="dra", taints=GPU_TAINT)
+    a100 = create_node(lab, "dp-a100", case="dra", gpus=8, taints=GPU_TAINT,
+                       labels=gpu_labels(8, "NVIDIA-A100-SXM4-80GB", 81920))
+    publish_slice(lab, h100, "NVIDIA H100 80GB HBM3", 81559, 8)
+    publish_slice(lab, l4, "NVIDIA L4", 23034, 4)
+    return {"h100": h100, "l4": l4, "a100": a100}
+
+
+def claim_of(stack, pod: str) -> dict[str, Any]:
+    """The claim kube-scheduler made for the pod's extended-resource request."""
+    status = core(stack).read_namespaced_pod(pod, "default").status.extended_resource_claim_status
+    assert status is not None, f"{pod} has no extendedResourceClaimStatus"
+    name = status.resource_claim_name
+    found = client.ResourceV1Api(stack.api).read_namespaced_resource_claim(name, "default")
+    return stack.api.sanitize_for_serialization(found)
+
+
+def test_dra_and_device_plugin_nodes_in_one_cluster(lab, dra_nodes):
+    h100, l4, a100 = dra_nodes["h100"], dra_nodes["l4"], dra_nodes["a100"]
+    with scenario(lab, "dra", proxied=False) as s:
+        wait_for(
+            lambda: "with DRA GPUs" in requests.get(s.url + "/readyz", timeout=2).text,
+            30,
+            "the extender sees the DRA nodes",
+        )
+        h100_only = {contract.ANN_GPU_PRODUCTS: "NVIDIA-H100-80GB-HBM3"}
+        # gpu-products on a DRA node: only the H100s
+        first = s.pod(6, "dra", annotations=h100_only)
+        assert wait_bound(lab, first, timeout=30) == h100
+        # binpack across both kinds: the DRA L4s (4 free) pack better than the device
+        # plugin's A100s (8 free); scarcity keeps this unrestricted pod off the H100s,
+        # which restricted pods need
+        second = s.pod(2, "dra")
+        assert wait_bound(lab, second, timeout=30) == l4
+        # the H100 node's last 2 (its claim holds 6: usage comes from the claims)
+        third = s.pod(2, "dra", annotations=h100_only)
+        assert wait_bound(lab, third, timeout=30) == h100
+        # min-gpu-memory on DRA nodes: 23034 MiB L4s are too small for 40Gi
+        fourth = s.pod(1, "dra", annotations={contract.ANN_MIN_GPU_MEMORY: "40Gi"})
+        assert wait_bound(lab, fourth, timeout=30) == a100
+        # an impossible pod's event carries the extender's reason
+        impossible = s.pod(1, "dra", annotations={contract.ANN_GPU_PRODUCTS: "NVIDIA-B200"})
+        wait_event(lab, impossible, "is not one of gpu-scheduler.io/gpu-products=NVIDIA-B200")
+
+        # The claims are allocated on the chosen nodes, and no node is over-committed.
+        held: dict[str, set[str]] = {}
+        for pod, node in ((first, h100), (second, l4), (third, h100)):
+            found = claim_of(lab, pod)
+            assert found["metadata"]["annotations"][dra.ANN_EXTENDED_RESOURCE_CLAIM] == "true"
+            results = found["status"]["allocation"]["devices"]["results"]
+            assert {r["pool"] for r in results} == {node}
+            for r in results:
+                assert r["device"] not in held.setdefault(node, set()), "device given twice"
+                held[node].add(r["device"])
+        assert len(held[h100]) == 8 and len(held[l4]) == 2
+        # gpu-scheduler status sees both kinds
+        from extender.status import cluster_status
+
+        table = cluster_status(lab.api)
+        cells = [re.split(r"\s{2,}", line) for line in table.splitlines()[1:-1]]
+        rows = {row[0]: row for row in cells}
+        assert rows[h100][1:7] == ["NVIDIA-H100-80GB-HBM3", "81559 MiB", "DRA", "8", "8", "0"]
+        assert rows[l4][1:7] == ["NVIDIA-L4", "23034 MiB", "DRA", "4", "2", "2"]
+        assert rows[a100][3:7] == ["whole", "8", "1", "7"]
