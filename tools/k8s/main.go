@@ -1,9 +1,12 @@
-// Command k8s is one binary holding the control-plane components the tests need:
-// etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl.
-// The component is the first argument (or the name the binary is called by).
+// Command k8s is one binary holding the Kubernetes components the tests, the demo and
+// the install checks need: etcd, kube-apiserver, kube-controller-manager,
+// kube-scheduler, kubelet, kubectl and helm. The component is the first argument (or
+// the name the binary is called by).
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,14 +19,17 @@ import (
 	_ "k8s.io/component-base/logs/json/register"
 	_ "k8s.io/component-base/metrics/prometheus/clientgo"
 	_ "k8s.io/component-base/metrics/prometheus/version"
+	helmcmd "helm.sh/helm/v4/pkg/cmd"
+	helmkube "helm.sh/helm/v4/pkg/kube"
 	kubectl "k8s.io/kubectl/pkg/cmd"
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
-const usage = "usage: k8s etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kubectl|version [flags]"
+const usage = "usage: k8s etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|kubectl|helm|version [flags]"
 
 // Version is the Kubernetes release this binary is built from (kept in step with go.mod).
 const Version = "v1.37.2"
@@ -49,6 +55,10 @@ func main() {
 		os.Exit(cli.Run(controllermanager.NewControllerManagerCommand()))
 	case "kube-scheduler":
 		os.Exit(cli.Run(scheduler.NewSchedulerCommand()))
+	case "kubelet":
+		os.Exit(cli.Run(kubelet.NewKubeletCommand(context.Background())))
+	case "helm":
+		runHelm(os.Args[1:])
 	case "kubectl":
 		logs.GlogSetter(kubectl.GetLogVerbosity(os.Args)) // nolint:errcheck
 		if err := cli.RunNoErrOutput(kubectl.NewDefaultKubectlCommand()); err != nil {
@@ -59,5 +69,21 @@ func main() {
 	default:
 		fmt.Fprintln(os.Stderr, usage)
 		os.Exit(2)
+	}
+}
+
+// runHelm is cmd/helm's main from helm.sh/helm/v4.
+func runHelm(args []string) {
+	helmkube.ManagedFieldsManager = "helm"
+	cmd, err := helmcmd.NewRootCmd(os.Stdout, args, helmcmd.SetupLogging)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if err := cmd.Execute(); err != nil {
+		if cerr, ok := errors.AsType[helmcmd.CommandError](err); ok {
+			os.Exit(cerr.ExitCode)
+		}
+		os.Exit(1)
 	}
 }
