@@ -119,8 +119,12 @@ def build_serving_cert(
     ca_key: PrivateKey,
     now: dt.datetime,
     days: int,
+    *,
+    client: bool = False,
 ) -> x509.Certificate:
-    """A TLS server certificate for ``identity``, signed by the CA.
+    """A TLS server certificate for ``identity``, signed by the CA (``client``: a client
+    certificate instead, extended key usage clientAuth, for kube-scheduler calling the
+    extender).
 
     Clients (Go's crypto/tls included) match names against the SANs only, so every
     name and IP goes there; the common name is informational.
@@ -163,7 +167,12 @@ def build_serving_cert(
             ),
             critical=True,
         )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]
+            ),
+            critical=False,
+        )
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .add_extension(
@@ -210,7 +219,7 @@ def serving_problem(
     if not _same_key(cert, key):
         return "tls.key does not match tls.crt"
     if cert.issuer != ca_cert.subject or not signed_by(cert, ca_cert):
-        return "tls.crt was not signed by ca.crt"
+        return "tls.crt was not signed by the current CA"
     if cert.not_valid_before_utc > now:
         return "tls.crt is not valid yet"
     if cert.not_valid_after_utc - now <= RENEW_BEFORE:
@@ -232,6 +241,14 @@ def missing_names(cert: x509.Certificate, identity: Identity) -> list[str]:
     missing = [n for n in identity.dns_names if n.lower() not in dns]
     missing += [str(ip) for ip in identity.ips if ip not in ips]
     return missing
+
+
+def is_client_cert(cert: x509.Certificate) -> bool:
+    try:
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return False
+    return ExtendedKeyUsageOID.CLIENT_AUTH in usage
 
 
 def signed_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:

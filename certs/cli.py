@@ -1,4 +1,6 @@
-"""``gpu-scheduler certs``: generate the webhook's CA and serving pair; print the caBundle."""
+"""``gpu-scheduler certs``: a CA and the leaf pairs it signs (the webhook's and the
+extender's serving pairs, kube-scheduler's client pair), the trust bundle, and CA
+rollover in three steps (see :mod:`certs.store`)."""
 
 from __future__ import annotations
 
@@ -32,11 +34,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     gen.add_argument("--ca-days", type=int, default=3650, help="CA validity (default 3650)")
     gen.add_argument("--force", action="store_true", help="replace everything, the CA included")
+    gen.add_argument(
+        "--ca-dir",
+        metavar="DIR",
+        help="the CA lives here (made when absent) and signs this leaf; DIR/ca.crt of the "
+        "leaf is then the trust bundle. Without it the CA lives in --out",
+    )
+    gen.add_argument(
+        "--client",
+        action="store_true",
+        help="a client certificate (clientAuth, CN = --service) instead of a serving one",
+    )
+    rotate = sub.add_parser(
+        "rotate-ca",
+        help="one step of a CA rollover: begin, switch, finish",
+        description="begin: make a new CA, trusted beside the old one (publish the bundle "
+        "and wait); switch: the new CA signs from now on (re-issue the leaves with "
+        "generate, publish them, wait); finish: drop the old CA from the bundle (publish "
+        "it). No peer ever stops trusting another in between.",
+    )
+    rotate.add_argument("phase", choices=("begin", "switch", "finish"))
+    rotate.add_argument("--ca-dir", required=True, metavar="DIR")
+    rotate.add_argument("--ca-days", type=int, default=3650, help="new CA validity (default 3650)")
     bundle = sub.add_parser(
         "ca-bundle",
-        help="print DIR/ca.crt base64-encoded, for clientConfig.caBundle",
-        description="Print DIR/ca.crt as base64 (one line), the form of a webhook's "
-        "clientConfig.caBundle.",
+        help="print the trust bundle base64-encoded, for clientConfig.caBundle",
+        description="Print the trust bundle of a CA directory (ca.crt, plus ca-next.crt or "
+        "ca-previous.crt during a rollover) or a leaf's ca.crt as base64 (one line), the "
+        "form of a webhook's clientConfig.caBundle.",
     )
     bundle.add_argument("dir", metavar="DIR")
 
@@ -51,6 +76,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"gpu-scheduler certs ca-bundle: {exc}", file=sys.stderr)
             return 2
         return 0
+    if args.certs_command == "rotate-ca":
+        try:
+            done = store.rotate_ca(args.ca_dir, args.phase, days=args.ca_days)
+        except (OSError, ValueError) as exc:
+            print(f"gpu-scheduler certs rotate-ca {args.phase}: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps({"phase": args.phase, "done": done, "ca_dir": args.ca_dir}))
+        return 0
     try:
         identity = build.service_identity(args.service, args.namespace, args.ip)
         if args.days < 1 or args.ca_days < 1:
@@ -58,7 +91,13 @@ def run(args: argparse.Namespace) -> int:
         if args.ca_days < args.days:
             raise ValueError("--ca-days must not be shorter than --days")
         outcome = store.generate(
-            args.out, identity, days=args.days, ca_days=args.ca_days, force=args.force
+            args.out,
+            identity,
+            days=args.days,
+            ca_days=args.ca_days,
+            force=args.force,
+            ca_dir=args.ca_dir,
+            client=args.client,
         )
     except (OSError, ValueError) as exc:
         print(f"gpu-scheduler certs generate: {exc}", file=sys.stderr)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from flask import Flask, Response
+from flask import Flask, Response, request
 
 from extender import metrics, wire
 from extender.cache import ClusterCache
@@ -29,7 +29,14 @@ from extender.engine import FilterOutcome, filter_nodes, score_nodes
 from extender.model import NodeFacts, PodFacts, node_facts, pod_facts
 from extender.policies import Policy, build_policies
 from extender.view import View, args_view
-from gpu_scheduler.http import BadInput, install_ops_endpoints, json_response, read_json_body
+from gpu_scheduler.http import (
+    BadInput,
+    install_ops_endpoints,
+    json_error,
+    json_response,
+    read_json_body,
+)
+from gpu_scheduler.worker import CLIENT_CERT_KEY, TLS_KEY
 
 log = logging.getLogger("extender")
 
@@ -131,7 +138,15 @@ def create_app(
     node_source: str = "args",
     cache: ClusterCache | None = None,
     kubeconfig: str | None = None,
+    *,
+    verbs_need_tls: bool = False,
+    verbs_need_client_cert: bool = False,
+    tls_ready: Callable[[], tuple[bool, str]] | None = None,
 ) -> Flask:
+    """The app. With ``verbs_need_tls`` the verbs are refused (403) on a connection that
+    is not TLS (the ops port); with ``verbs_need_client_cert`` also without a client
+    certificate the TLS layer verified against the client CA (only kube-scheduler
+    holds one)."""
     cfg = config if isinstance(config, ExtenderConfig) else load_config(config)
     if node_source not in ("args", "cluster"):
         raise ValueError(f"node_source must be args or cluster, not {node_source!r}")
@@ -148,12 +163,31 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
 
     def ready() -> tuple[bool, str]:
+        if tls_ready is not None:
+            ok, detail = tls_ready()
+            if not ok:
+                return ok, detail
         return cache.ready() if cache is not None else (True, "args mode: stateless")
 
     install_ops_endpoints(app, ready)
 
+    def refused(verb: str) -> Response | None:
+        environ = request.environ
+        if verbs_need_tls and not environ.get(TLS_KEY):
+            metrics.REQUESTS.labels(verb, "403").inc()
+            return json_error(403, f"/{verb} is served on the extender's TLS port only")
+        if verbs_need_client_cert and not environ.get(CLIENT_CERT_KEY):
+            metrics.REQUESTS.labels(verb, "403").inc()
+            return json_error(
+                403, f"/{verb} needs a client certificate signed by the extender's client CA"
+            )
+        return None
+
     def serve(verb: str, decide: Callable[[_Request], tuple[bytes, dict[str, Any]]]) -> Response:
         started = time.perf_counter()
+        refusal = refused(verb)
+        if refusal is not None:
+            return refusal
         if cache is not None and not cache.synced():
             # Error (or a 5xx) makes kube-scheduler retry the pod within seconds; an
             # answer failing every node as unknown would park it as unschedulable.

@@ -25,6 +25,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--kubeconfig", help="kubeconfig for cluster mode (default: in-cluster)")
     parser.add_argument("--config", help="YAML file with policy weights and limits")
+    parser.add_argument(
+        "--tls-cert-dir",
+        metavar="DIR",
+        help="serve over HTTPS with DIR/tls.crt and DIR/tls.key (reloaded when they "
+        "change); /filter and /prioritize are then answered on this port only",
+    )
+    parser.add_argument(
+        "--client-ca",
+        metavar="FILE",
+        help="with --tls-cert-dir: /filter and /prioritize require a client certificate "
+        "signed by a CA in FILE (kube-scheduler's tlsConfig certFile); reloaded on change",
+    )
+    parser.add_argument(
+        "--ops-port",
+        type=int,
+        metavar="PORT",
+        help="also serve /healthz, /readyz and /metrics in the clear on PORT (never the "
+        "verbs)",
+    )
+    parser.add_argument(
+        "--cert-reload-interval",
+        default="10s",
+        metavar="DURATION",
+        help="how often a connection may check the certificate files (default 10s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,8 +58,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         deadline = parse_duration(args.request_deadline)
+        interval = parse_duration(args.cert_reload_interval)
     except ValueError as exc:
-        print(f"gpu-scheduler extender: --request-deadline: {exc}", file=sys.stderr)
+        print(f"gpu-scheduler extender: {exc}", file=sys.stderr)
+        return 2
+    if args.client_ca and not args.tls_cert_dir:
+        print("gpu-scheduler extender: --client-ca needs --tls-cert-dir", file=sys.stderr)
         return 2
     workers = args.workers or (1 if args.node_source == "cluster" else 2)
     metrics_dir_for(workers)
@@ -47,8 +76,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpu-scheduler extender: {exc}", file=sys.stderr)
         return 2
 
+    tls: dict[str, object] = {}
+    reloader = None
+    if args.tls_cert_dir:
+        from gpu_scheduler.tls import CertReloader, check_pair
+
+        problem = check_pair(args.tls_cert_dir)
+        if problem:
+            print(f"gpu-scheduler extender: {problem}", file=sys.stderr)
+            return 2
+        reloader = CertReloader(args.tls_cert_dir, interval, client_ca=args.client_ca)
+        tls = reloader.gunicorn_options()
+
     def factory():  # type: ignore[no-untyped-def]
-        return create_app(cfg, node_source=args.node_source, kubeconfig=args.kubeconfig)
+        return create_app(
+            cfg,
+            node_source=args.node_source,
+            kubeconfig=args.kubeconfig,
+            verbs_need_tls=reloader is not None,
+            verbs_need_client_cert=bool(args.client_ca),
+            tls_ready=reloader.ready if reloader is not None else None,
+        )
 
     serve(
         factory,
@@ -58,5 +106,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         max_body=cfg.max_body_bytes,
         request_deadline=deadline,
+        plain_port=args.ops_port,
+        **tls,
     )
     return 0

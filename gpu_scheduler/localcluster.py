@@ -170,6 +170,13 @@ class LocalCluster:
         _write_kubeconfig(path, f"https://{host_port}", self.ca_file, ADMIN_TOKEN)
         return path
 
+    def kubeconfig_with_token(self, name: str, token: str) -> Path:
+        """A kubeconfig named ``name`` that authenticates with ``token`` (e.g. a
+        service-account token from a TokenRequest)."""
+        path = self.workdir / f"kubeconfig-{name}"
+        _write_kubeconfig(path, self.server, self.ca_file, token)
+        return path
+
     def compact_etcd(self) -> int:
         """Compact etcd's history up to its current revision (what the API server does
         every five minutes); returns that revision. Watches from before it get 410."""
@@ -189,6 +196,14 @@ class LocalCluster:
         revision = int(post("/v3/kv/range", {"key": key, "limit": 1})["header"]["revision"])
         post("/v3/kv/compaction", {"revision": str(revision), "physical": True})
         return revision
+
+    def restart(self, name: str) -> Process:
+        """Stop a process (SIGTERM, as a rollout does) and start it with the same
+        arguments."""
+        old = self.processes[name]
+        old.stop()
+        del self.processes[name]
+        return self.spawn(name, old.args, old.env)
 
     def stop_process(self, name: str) -> None:
         proc = self.processes.pop(name, None)

@@ -58,6 +58,7 @@ def serve(
     timeout: int = 30,
     max_body: int,
     request_deadline: float = 10.0,
+    plain_port: int | None = None,
     **options: Any,
 ) -> None:
     """Serve until SIGTERM/SIGINT. Extra ``options`` are gunicorn settings.
@@ -67,11 +68,17 @@ def serve(
     With several workers, call :func:`metrics_dir_for` first (before anything
     imports prometheus_client) so that metrics are aggregated over the workers.
     """
+    def address(number: int) -> str:
+        return f"[{host}]:{number}" if ":" in host else f"{host}:{number}"
+
+    binds = [address(port)] + ([address(plain_port)] if plain_port else [])
     settings: dict[str, Any] = {
-        "bind": f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+        "bind": binds,
         "workers": workers,
         "threads": threads,
-        "worker_class": worker_class(max_body, request_deadline),
+        "worker_class": worker_class(
+            max_body, request_deadline, frozenset([plain_port] if plain_port else [])
+        ),
         "timeout": timeout,
         "graceful_timeout": 20,
         "keepalive": 75,

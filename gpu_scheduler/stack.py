@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 DEPLOY = ROOT / "deploy"
 CLI = [sys.executable, "-m", "gpu_scheduler.cli"]
 WEBHOOK_SERVICE = "gpu-scheduler-webhook"
+EXTENDER_SERVICE = "gpu-scheduler-extender"
+SCHEDULER_ACCOUNT = "gpu-scheduler"
 NAMESPACE = "gpu-scheduler"
 
 
@@ -58,15 +60,32 @@ def deploy_documents(folder: str) -> list[dict[str, Any]]:
 
 
 def scheduler_config(
-    extender_url: str, *, profile: str | None = None, node_cache_capable: bool | None = None
+    extender_url: str,
+    *,
+    profile: str | None = None,
+    node_cache_capable: bool | None = None,
+    client_dir: Path | None = None,
 ) -> dict[str, Any]:
     """deploy/'s KubeSchedulerConfiguration with the extender at ``extender_url`` (and
-    optionally the profile renamed, or the extender told to send Node objects)."""
+    optionally the profile renamed, or the extender told to send Node objects).
+    ``client_dir``: kube-scheduler's client pair and CA bundle (``tls.crt``,
+    ``tls.key``, ``ca.crt``) for an ``https://`` extender, as deploy/ mounts them;
+    without it, plain HTTP."""
     cfg = yaml.safe_load((DEPLOY / "scheduler" / "scheduler-config.yaml").read_text())
     for extender in cfg.get("extenders") or []:
         extender["urlPrefix"] = extender_url
         if node_cache_capable is not None:
             extender["nodeCacheCapable"] = node_cache_capable
+        if client_dir is None:
+            extender["enableHTTPS"] = False
+            extender.pop("tlsConfig", None)
+        else:
+            extender["enableHTTPS"] = True
+            extender["tlsConfig"] = {
+                "certFile": str(client_dir / "tls.crt"),
+                "keyFile": str(client_dir / "tls.key"),
+                "caFile": str(client_dir / "ca.crt"),
+            }
     if profile is not None:
         for item in cfg["profiles"]:
             item["schedulerName"] = profile
@@ -99,16 +118,61 @@ class Stack:
     cluster: LocalCluster
     workdir: Path
     extender_port: int = 0
+    extender_ops_port: int = 0
+    extender_tls: bool = False
     webhook_port: int = 0
     cert_dir: Path = field(default_factory=Path)
     shim: KubeletShim | None = None
     api: Any = None
 
+    # --- certificates: one CA, as the install's certs tool makes them ----------------
+    @property
+    def pki(self) -> Path:
+        return self.workdir / "pki"
+
+    def leaf(self, name: str, service: str, *, client: bool = False) -> Path:
+        """A leaf pair (and the trust bundle as its ca.crt) signed by the stack's CA."""
+        from certs import build, store
+
+        identity = build.service_identity(service, NAMESPACE, ["127.0.0.1"])
+        store.generate(self.pki / name, identity, ca_dir=self.pki / "ca", client=client)
+        return self.pki / name
+
     # --- components ---------------------------------------------------------------
-    def start_extender(self, config: dict[str, Any] | None = None) -> Process:
-        """The stack's extender (cluster mode, direct to the API server)."""
+    def start_extender(self, config: dict[str, Any] | None = None, *, tls: bool = False) -> Process:
+        """The stack's extender (cluster mode, direct to the API server). ``tls``: as
+        deploy/ runs it, HTTPS with client certificates required for the verbs, and
+        its ops endpoints in the clear on a second port."""
         self.extender_port = self.extender_port or free_port()
-        return self.spawn_extender("extender", self.extender_port, config)
+        self.extender_ops_port = self.extender_ops_port or free_port()
+        self.extender_tls = tls
+        extra = [f"--ops-port={self.extender_ops_port}"]
+        if tls:
+            server = self.leaf("extender", EXTENDER_SERVICE)
+            self.leaf("scheduler", SCHEDULER_ACCOUNT, client=True)
+            extra += [
+                f"--tls-cert-dir={server}",
+                f"--client-ca={server / 'ca.crt'}",
+                "--cert-reload-interval=1s",
+            ]
+        return self.spawn_extender(
+            "extender", self.extender_port, config, extra=extra, ops_port=self.extender_ops_port
+        )
+
+    @property
+    def extender_url(self) -> str:
+        return f"{'https' if self.extender_tls else 'http'}://127.0.0.1:{self.extender_port}"
+
+    def extender_client(self) -> dict[str, Any]:
+        """``requests`` keyword arguments that reach the stack's extender as
+        kube-scheduler does (its client certificate, the trust bundle)."""
+        if not self.extender_tls:
+            return {}
+        client = self.pki / "scheduler"
+        return {
+            "cert": (str(client / "tls.crt"), str(client / "tls.key")),
+            "verify": str(client / "ca.crt"),
+        }
 
     def spawn_extender(
         self,
@@ -119,10 +183,13 @@ class Stack:
         node_source: str = "cluster",
         kubeconfig: Path | None = None,
         wait: bool = True,
+        extra: list[str] | None = None,
+        ops_port: int | None = None,
     ) -> Process:
         """An extender process named ``name`` on ``port`` (``kubeconfig``: another way
-        to the API server, e.g. through a proxy); waits for /readyz unless told not to."""
-        args = [*CLI, "extender", "--host=127.0.0.1", f"--port={port}"]
+        to the API server, e.g. through a proxy); waits for /readyz (on ``ops_port``
+        when given) unless told not to."""
+        args = [*CLI, "extender", "--host=127.0.0.1", f"--port={port}", *(extra or [])]
         args.append(f"--node-source={node_source}")
         if node_source == "cluster":
             args.append(f"--kubeconfig={kubeconfig or self.cluster.kubeconfig}")
@@ -132,16 +199,13 @@ class Stack:
             args.append(f"--config={path}")
         proc = self.cluster.spawn(name, args)
         if wait:
-            wait_url(f"http://127.0.0.1:{port}/readyz", 60, proc)
+            wait_url(f"http://127.0.0.1:{ops_port or port}/readyz", 60, proc)
         return proc
 
     def start_webhook(self) -> Process:
-        from certs import build, store
+        from certs import store
 
-        self.cert_dir = self.workdir / "webhook-certs"
-        store.generate(
-            self.cert_dir, build.service_identity(WEBHOOK_SERVICE, NAMESPACE, ["127.0.0.1"])
-        )
+        self.cert_dir = self.leaf("webhook", WEBHOOK_SERVICE)
         self.webhook_port = self.webhook_port or free_port()
         proc = self.cluster.spawn(
             "webhook",
@@ -152,6 +216,7 @@ class Stack:
                 f"--port={self.webhook_port}",
                 f"--cert-dir={self.cert_dir}",
                 "--workers=1",
+                "--cert-reload-interval=1s",
             ],
         )
         wait_url(
@@ -174,10 +239,44 @@ class Stack:
         admission.create_mutating_webhook_configuration(config)
         return config
 
+    def publish_certificates(self) -> bool:
+        """What deploy/install-certs.sh does after each step, in the lab: re-issue the
+        leaves that need it (kept when good; each leaf's ca.crt refreshed to the trust
+        bundle: the files are the lab's Secret volumes), put the bundle into the webhook
+        configuration's caBundle, and restart the gpu-scheduler kube-scheduler when its
+        files changed (it reads them only at start). Returns whether it restarted."""
+        from kubernetes import client
+
+        from certs import store
+
+        def scheduler_files() -> bytes:
+            folder = self.pki / "scheduler"
+            return b"".join((folder / n).read_bytes() for n in ("tls.crt", "ca.crt"))
+
+        before = scheduler_files() if self.extender_tls else b""
+        self.leaf("webhook", WEBHOOK_SERVICE)
+        if self.extender_tls:
+            self.leaf("extender", EXTENDER_SERVICE)
+            self.leaf("scheduler", SCHEDULER_ACCOUNT, client=True)
+        admission = client.AdmissionregistrationV1Api(self.api)
+        name = webhook_configuration("", "")["metadata"]["name"]
+        current = admission.read_mutating_webhook_configuration(name)
+        bundle = store.ca_bundle(self.pki / "ca")
+        patch = [
+            {"op": "replace", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
+            for i in range(len(current.webhooks))
+        ]
+        admission.patch_mutating_webhook_configuration(name, patch)
+        if self.extender_tls and scheduler_files() != before:
+            self.cluster.restart("gpu-scheduler")
+            return True
+        return False
+
     def start_schedulers(self) -> None:
         self.cluster.start_scheduler("default-scheduler", DEFAULT_SCHEDULER_CONFIG)
+        client = self.pki / "scheduler" if self.extender_tls else None
         self.cluster.start_scheduler(
-            "gpu-scheduler", scheduler_config(f"http://127.0.0.1:{self.extender_port}")
+            "gpu-scheduler", scheduler_config(self.extender_url, client_dir=client)
         )
 
     def start_agent(
@@ -189,7 +288,10 @@ class Stack:
         heartbeat_interval: str = "5m",
         extra: list[str] | None = None,
         capacity: bool = True,
+        kubeconfig: Path | None = None,
     ) -> Process:
+        """An agent for ``node`` (``kubeconfig``: another identity than the admin's,
+        e.g. the agent's ServiceAccount through a bound token)."""
         port = free_port()
         return self.cluster.spawn(
             f"agent-{node}",
@@ -198,7 +300,7 @@ class Stack:
                 "agent",
                 f"--node-name={node}",
                 f"--fake-gpus={fake_gpus}",
-                f"--kubeconfig={self.cluster.kubeconfig}",
+                f"--kubeconfig={kubeconfig or self.cluster.kubeconfig}",
                 f"--interval={interval}",
                 f"--heartbeat-interval={heartbeat_interval}",
                 f"--port={port}",
@@ -231,7 +333,9 @@ def bare_stack(prefix: str) -> Iterator[tuple[Stack, Any]]:
 
 
 def start_stack(workdir: Path, *, extender_config: dict[str, Any] | None = None) -> Stack:
-    """Control plane, kubelet shim, extender, webhook (registered) and both schedulers."""
+    """Control plane, kubelet shim, extender, webhook (registered) and both schedulers,
+    with TLS where the install has it: the webhook's serving certificate, and the
+    extender's, whose verbs need kube-scheduler's client certificate."""
     started = time.monotonic()
     cluster = start_control_plane(workdir)
     stack = Stack(cluster, workdir)
@@ -239,7 +343,7 @@ def start_stack(workdir: Path, *, extender_config: dict[str, Any] | None = None)
         stack.api = cluster.api_client()
         stack.shim = KubeletShim(stack.api).start()
         log.info("control plane up", extra={"seconds": round(time.monotonic() - started, 1)})
-        stack.start_extender(extender_config)
+        stack.start_extender(extender_config, tls=True)
         stack.start_webhook()
         stack.register_webhook()
         stack.start_schedulers()

@@ -1,5 +1,8 @@
 """TLS for gunicorn with certificate rotation: one cached SSL context, rebuilt on change.
 
+Used by both servers: the webhook (serving certificate) and the extender (serving
+certificate, and the CA bundle that client certificates must chain to).
+
 gunicorn (>= 21) asks its ``ssl_context(config, default_ssl_context_factory)`` server
 hook for a context for every accepted connection. :class:`CertReloader` answers with
 a cached context and, at most every ``interval`` seconds, compares the ``stat`` of
@@ -7,7 +10,10 @@ a cached context and, at most every ``interval`` seconds, compares the ``stat`` 
 swaps the mounted files) it builds a new context for new connections. Connections
 already open keep theirs. A pair that does not load (half-written, key and
 certificate from different rotations) is logged and retried at the next check while
-the old context keeps serving. TLS 1.2 is the minimum.
+the old context keeps serving. TLS 1.2 is the minimum. With a ``client_ca`` file
+the context also asks clients for a certificate (``CERT_OPTIONAL``: a presented one
+must chain to a CA in the file; whether one is required is the app's to decide per
+route) and the file is watched too, so a CA rollover reaches new connections.
 """
 
 from __future__ import annotations
@@ -21,21 +27,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("webhook.tls")
+log = logging.getLogger("gpu_scheduler.tls")
 
 CERT_FILE = "tls.crt"
 KEY_FILE = "tls.key"
 
 Factory = Callable[[], ssl.SSLContext]
-_Signature = tuple[tuple[int, int, int, int], tuple[int, int, int, int]]
+_Signature = tuple[tuple[int, int, int, int], ...]
 
 
 class CertReloader:
-    def __init__(self, cert_dir: str | os.PathLike[str], interval: float = 10.0) -> None:
+    def __init__(
+        self,
+        cert_dir: str | os.PathLike[str],
+        interval: float = 10.0,
+        client_ca: str | os.PathLike[str] | None = None,
+    ) -> None:
         if interval < 0:
             raise ValueError("the reload interval must not be negative")
         self.cert_file = str(Path(cert_dir) / CERT_FILE)
         self.key_file = str(Path(cert_dir) / KEY_FILE)
+        self.client_ca = str(client_ca) if client_ca else None
         self.interval = interval
         self._lock = threading.Lock()
         self._context: ssl.SSLContext | None = None
@@ -86,7 +98,8 @@ class CertReloader:
     def _refresh(self) -> None:
         self._next_check = time.monotonic() + self.interval
         try:
-            signature = (_stat(self.cert_file), _stat(self.key_file))
+            files = (self.cert_file, self.key_file, *([self.client_ca] if self.client_ca else []))
+            signature = tuple(_stat(path) for path in files)
         except OSError as exc:
             self._failed(f"cannot stat the certificate files: {exc}")
             return
@@ -120,7 +133,22 @@ class CertReloader:
     def _plain_factory(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.load_cert_chain(certfile=self.cert_file, keyfile=self.key_file)
+        if self.client_ca:
+            ctx.load_verify_locations(cafile=self.client_ca)
+            ctx.verify_mode = ssl.CERT_OPTIONAL
         return ctx
+
+    def gunicorn_options(self) -> dict[str, Any]:
+        """gunicorn's TLS settings for this reloader (its default factory then loads the
+        client CA as we do)."""
+        options: dict[str, Any] = {
+            "certfile": self.cert_file,
+            "keyfile": self.key_file,
+            "ssl_context": self.hook(),
+        }
+        if self.client_ca:
+            options |= {"ca_certs": self.client_ca, "cert_reqs": ssl.CERT_OPTIONAL}
+        return options
 
 
 def check_pair(cert_dir: str | os.PathLike[str]) -> str | None:
@@ -146,11 +174,30 @@ def _describe(cert_file: str) -> dict[str, object]:
         return describe(load_cert(fh.read()))
 
 
+_METRICS: dict[str, Any] = {}
+
+
+def _metrics() -> dict[str, Any]:
+    """Created on first use (prometheus_client must be imported after the server chose
+    its multiprocess directory)."""
+    if not _METRICS:
+        from prometheus_client import Counter, Gauge
+
+        _METRICS["reloads"] = Counter(
+            "gpu_scheduler_tls_reloads_total",
+            "Serving certificate (re)loads from disk, by result (ok, error)",
+            ["result"],
+        )
+        _METRICS["expiry"] = Gauge(
+            "gpu_scheduler_tls_certificate_expiry_timestamp_seconds",
+            "notAfter of the newest serving certificate a live worker loaded (Unix time)",
+            multiprocess_mode="livemax",
+        )
+    return _METRICS
+
+
 def _count(result: str, facts: dict[str, object] | None) -> None:
-    try:
-        from webhook import metrics
-    except ImportError:  # pragma: no cover - prometheus_client is a dependency
-        return
-    metrics.TLS_RELOADS.labels(result).inc()
+    found = _metrics()
+    found["reloads"].labels(result).inc()
     if facts and facts.get("not_after_ts") is not None:
-        metrics.CERT_EXPIRY.set(float(facts["not_after_ts"]))  # type: ignore[arg-type]
+        found["expiry"].set(float(facts["not_after_ts"]))  # type: ignore[arg-type]

@@ -20,6 +20,12 @@ loop answers 408, 431 or 413 with a JSON body and closes. A response is written 
 socket timeout of ``request_deadline``, so a client that does not read cannot keep a
 thread either. Errors gunicorn answers itself (bad framing) get a JSON body as well.
 
+A server may listen on several ports of which only some are TLS (``plain_ports`` are
+not: the extender serves its verbs over TLS and its metrics in the clear). The app
+learns how a request came in from two environ keys the worker sets:
+``gpu_scheduler.tls`` (bool) and ``gpu_scheduler.client_cert`` (the verified client
+certificate as ``ssl.getpeercert()`` gives it, or None).
+
 Not handled in the loop: ``Expect: 100-continue`` (clients that wait for the 100
 send the body after their own timeout, about a second; Go's net/http, which
 kube-scheduler and the API server use, does not send it), HTTP/2 (not enabled).
@@ -33,6 +39,7 @@ import json
 import selectors
 import socket
 import ssl
+import threading
 import time
 from collections import deque
 from functools import partial
@@ -168,15 +175,34 @@ class RequestFraming:
             self.pos = chunk_end
 
 
+_connection = threading.local()
+TLS_KEY = "gpu_scheduler.tls"
+CLIENT_CERT_KEY = "gpu_scheduler.client_cert"
+
+
+def with_connection_info(app: Any) -> Any:
+    """WSGI middleware: put the serving thread's connection facts into the environ."""
+
+    def wrapped(environ: dict[str, Any], start_response: Any) -> Any:
+        environ[TLS_KEY] = getattr(_connection, "tls", False)
+        environ[CLIENT_CERT_KEY] = getattr(_connection, "client_cert", None)
+        return app(environ, start_response)
+
+    return wrapped
+
+
 class _Conn(TConn):
     """A connection being read by the main loop, then served by a thread."""
 
-    def __init__(self, cfg: Any, sock: Any, client: Any, server: Any, max_body: int) -> None:
+    def __init__(
+        self, cfg: Any, sock: Any, client: Any, server: Any, max_body: int, tls: bool
+    ) -> None:
         super().__init__(cfg, sock, client, server)
         self.max_body = max_body
         self.buf = bytearray()
         self.framing = RequestFraming(max_body)
-        self.handshaken = not cfg.is_ssl
+        self.tls = tls
+        self.handshaken = not tls
         self.deadline = 0.0
         self.initialized = True  # TConn.init() (blocking TLS wrap) never runs
 
@@ -202,6 +228,8 @@ class BufferingWorker(ThreadWorker):
     request_deadline = 10.0
     #: Largest body; set per server by :func:`worker_class`.
     max_body = 8 << 20
+    #: Listening ports served in the clear even when the server has a certificate.
+    plain_ports: frozenset[int] = frozenset()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -211,6 +239,10 @@ class BufferingWorker(ThreadWorker):
     def init_process(self) -> None:
         util.write_error = write_json_error  # gunicorn's own 4xx answers, as JSON
         super().init_process()
+
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        self.wsgi = with_connection_info(self.wsgi)
 
     # --- accept and read in the main loop ------------------------------------------
     def accept(self, listener: socket.socket) -> None:
@@ -222,7 +254,8 @@ class BufferingWorker(ThreadWorker):
             return
         self.nr_conns += 1
         client.setblocking(False)
-        if self.cfg.is_ssl:
+        tls = self.cfg.is_ssl and listener.getsockname()[1] not in self.plain_ports
+        if tls:
             try:
                 client = gsock.ssl_context(self.cfg).wrap_socket(
                     client,
@@ -234,7 +267,7 @@ class BufferingWorker(ThreadWorker):
                 self.nr_conns -= 1
                 util.close(client)
                 return
-        conn = _Conn(self.cfg, client, addr, listener.getsockname(), self.max_body)
+        conn = _Conn(self.cfg, client, addr, listener.getsockname(), self.max_body, tls)
         self._read_next(conn, time.monotonic() + self.request_deadline)
 
     def on_client_socket_readable(self, conn: _Conn, client: Any) -> None:
@@ -347,6 +380,8 @@ class BufferingWorker(ThreadWorker):
         try:
             conn.sock.setblocking(True)
             conn.sock.settimeout(self.request_deadline)  # a client that does not read
+            _connection.tls = conn.tls
+            _connection.client_cert = conn.sock.getpeercert() if conn.tls else None
             req = next(conn.parser)
             if not req:
                 return False
@@ -402,11 +437,13 @@ def write_json_error(sock: Any, status_int: int, reason: str, mesg: str) -> None
         util.write_nonblock(sock, payload)
 
 
-def worker_class(max_body: int, request_deadline: float = 10.0) -> type[BufferingWorker]:
+def worker_class(
+    max_body: int, request_deadline: float = 10.0, plain_ports: frozenset[int] = frozenset()
+) -> type[BufferingWorker]:
     """A :class:`BufferingWorker` class with this server's limits (gunicorn takes a
     class for ``worker_class``)."""
     return type(
         "BufferingWorker",
         (BufferingWorker,),
-        {"max_body": max_body, "request_deadline": request_deadline},
+        {"max_body": max_body, "request_deadline": request_deadline, "plain_ports": plain_ports},
     )

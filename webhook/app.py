@@ -1,7 +1,7 @@
 """The webhook's Flask app: ``POST /mutate`` (AdmissionReview v1) and the ops endpoints.
 
 Built by :func:`create_app`, the gunicorn app factory. TLS is gunicorn's (see
-:mod:`webhook.tls`); ``/readyz`` is 200 once the serving certificate is loaded.
+:mod:`gpu_scheduler.tls`); ``/readyz`` is 200 once the serving certificate is loaded.
 """
 
 from __future__ import annotations

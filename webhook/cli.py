@@ -39,9 +39,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpu-scheduler webhook: {exc}", file=sys.stderr)
         return 2
     metrics_dir_for(args.workers)
+    from gpu_scheduler.tls import CertReloader, check_pair
     from webhook.app import create_app
     from webhook.config import ConfigError, load_config
-    from webhook.tls import CertReloader, check_pair
 
     try:
         cfg = load_config(args.config)
@@ -66,8 +66,6 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         max_body=cfg.max_body_bytes,
         request_deadline=deadline,
-        certfile=reloader.cert_file,
-        keyfile=reloader.key_file,
-        ssl_context=reloader.hook(),
+        **reloader.gunicorn_options(),
     )
     return 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
 
 REVIEWS = Counter(
     "gpu_scheduler_webhook_reviews_total",
@@ -18,14 +18,4 @@ LATENCY = Histogram(
     "gpu_scheduler_webhook_review_seconds",
     "Time spent on one AdmissionReview (parse to answer)",
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 1.0),
-)
-TLS_RELOADS = Counter(
-    "gpu_scheduler_webhook_tls_reloads_total",
-    "Serving certificate (re)loads from disk, by result (ok, error)",
-    ["result"],
-)
-CERT_EXPIRY = Gauge(
-    "gpu_scheduler_webhook_certificate_expiry_timestamp_seconds",
-    "notAfter of the newest serving certificate a live worker loaded (Unix time)",
-    multiprocess_mode="livemax",
 )

@@ -210,8 +210,8 @@ def serve_main(kind: str, worker: str, port: int, cert_dir: str | None) -> None:
         serve(create_app, host="127.0.0.1", port=port, workers=1, threads=4,
               max_body=128 << 20, **options)
     else:
+        from gpu_scheduler.tls import CertReloader
         from webhook.app import create_app
-        from webhook.tls import CertReloader
 
         reloader = CertReloader(cert_dir or "", 10)
         serve(lambda: create_app(ready=reloader.ready), host="127.0.0.1", port=port, workers=2,

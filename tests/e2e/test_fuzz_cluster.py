@@ -28,6 +28,7 @@ def fuzz_nodes(stack):
 @pytest.mark.parametrize("verb", ["filter", "prioritize"])
 def test_extender_cluster_mode(stack, fuzz_nodes, verb):
     proc = stack.cluster.processes["extender"]
-    url = f"http://127.0.0.1:{stack.extender_port}"
-    targets = servers.extender_targets(url, proc.popen.pid, proc.log_path, "cluster")
+    targets = servers.extender_targets(
+        stack.extender_url, proc.popen.pid, proc.log_path, "cluster", stack.extender_client()
+    )
     check(harness.run(next(t for t in targets if verb in t.name), SEED, COUNT))

@@ -37,6 +37,7 @@ class Target:
     master_pid: int
     log_path: Path
     verify: str | bool = True
+    cert: tuple[str, str] | None = None  # a client certificate, for the extender's TLS port
 
 
 @dataclass
@@ -131,12 +132,18 @@ def _alarms(path: Path, since: int) -> Counter[str]:
     return found
 
 
+def _session(target: Target) -> requests.Session:
+    session = requests.Session()
+    session.trust_env = False
+    session.cert = target.cert
+    return session
+
+
 def run(target: Target, seed: int, count: int, timeout: float = 30.0) -> Result:
     result = Result(target.name)
     log_start = _log_size(target.log_path)
     result.workers_before = worker_pids(target.master_pid)
-    session = requests.Session()
-    session.trust_env = False
+    session = _session(target)
     headers = {"Content-Type": "application/json"}
     # One valid request first: a fresh worker's first request pays for lazy imports
     # and its first TLS handshake, which is start-up cost, not a request's.
@@ -153,8 +160,7 @@ def run(target: Target, seed: int, count: int, timeout: float = 30.0) -> Result:
             )
         except requests.RequestException:
             result.statuses[cls]["no answer"] += 1
-            session = requests.Session()
-            session.trust_env = False
+            session = _session(target)
             continue
         spent = (cpu_ns(pids) - before) / 1e6
         result.count += 1

@@ -87,9 +87,10 @@ def extender_args_mode(
     port = free_port()
     log = workdir / f"extender-args-{port}.log"
     cmd = [*CLI, "extender", "--host=127.0.0.1", f"--port={port}", f"--workers={workers}", *extra]
+    tls = any(arg.startswith("--tls-cert-dir") for arg in extra)
     with running(cmd, log) as proc:
-        url = f"http://127.0.0.1:{port}"
-        _wait_up(url + "/healthz", log, True)
+        url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+        _wait_up(url + "/healthz", log, not tls)
         yield url, proc.pid, log
         assert proc.poll() is None, tail(log)
 
@@ -123,10 +124,23 @@ def _wait_up(url: str, log: Path, verify: str | bool) -> None:
         raise AssertionError(tail(log)) from None
 
 
-def extender_targets(url: str, pid: int, log: Path, mode: str) -> list[Target]:
+def extender_targets(
+    url: str, pid: int, log: Path, mode: str, client: dict[str, Any] | None = None
+) -> list[Target]:
+    """``client``: ``requests`` TLS arguments (``cert``, ``verify``) for an HTTPS
+    extender."""
     base = args_body() if mode == "args" else names_body()
+    tls = client or {}
     return [
-        Target(f"/{verb} ({mode})", f"{url}/{verb}", base, pid, log)
+        Target(
+            f"/{verb} ({mode})",
+            f"{url}/{verb}",
+            base,
+            pid,
+            log,
+            verify=tls.get("verify", True),
+            cert=tls.get("cert"),
+        )
         for verb in ("filter", "prioritize")
     ]
 

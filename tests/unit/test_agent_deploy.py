@@ -91,4 +91,38 @@ def test_kustomize_builds() -> None:
     )
     assert out.returncode == 0, out.stderr
     kinds = [d["kind"] for d in yaml.safe_load_all(out.stdout) if d]
-    assert sorted(kinds) == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    assert sorted(kinds) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
+
+
+def _cel_string_list(expression: str) -> list[str]:
+    """A CEL list literal of single-quoted strings, as Python strings."""
+    literal = expression.strip()
+    assert literal.startswith("[") and literal.endswith("]"), literal
+    return [item.strip().strip("'") for item in literal[1:-1].split(",") if item.strip()]
+
+
+def test_admission_policy_confines_the_agent_to_the_contract_keys() -> None:
+    policy, binding = docs("admission-policy.yaml")
+    assert policy["kind"] == "ValidatingAdmissionPolicy"
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert _cel_string_list(variables["ownedLabels"]) == list(contract.AGENT_LABELS)
+    assert _cel_string_list(variables["ownedAnnotations"]) == list(contract.AGENT_ANNOTATIONS)
+    # It matches the agent's own ServiceAccount, in the namespace the base installs to.
+    (account,) = [d for d in docs("rbac.yaml") if d["kind"] == "ServiceAccount"]
+    own = yaml.safe_load((AGENT / "kustomization.yaml").read_text())
+    user = f"system:serviceaccount:{own['namespace']}:{account['metadata']['name']}"
+    (condition,) = policy["spec"]["matchConditions"]
+    assert f"'{user}'" in condition["expression"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert binding["kind"] == "ValidatingAdmissionPolicyBinding"
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }

@@ -152,3 +152,60 @@ def test_cli_errors_exit_2(args: list[str], tmp_path: Path) -> None:
     proc = subprocess.run([*CLI, *args], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith("gpu-scheduler certs")
     assert not (tmp_path / "x").exists()
+
+
+# --- one CA for several leaves, client pairs, and a rollover without a gap ---------------
+
+
+def pem_certs(data: bytes) -> list[x509.Certificate]:
+    return x509.load_pem_x509_certificates(data)
+
+
+def test_leaves_share_a_ca_dir_and_carry_the_bundle(tmp_path: Path) -> None:
+    ca_dir = tmp_path / "ca"
+    hook = store.generate(tmp_path / "webhook", IDENTITY, ca_dir=ca_dir)
+    client = store.generate(tmp_path / "sched", build.service_identity("sched", "ns"),
+                            ca_dir=ca_dir, client=True)
+    assert hook.action == client.action == "created"
+    ca = build.load_cert((ca_dir / "ca.crt").read_bytes())
+    for leaf in ("webhook", "sched"):
+        cert = build.load_cert((tmp_path / leaf / "tls.crt").read_bytes())
+        assert build.signed_by(cert, ca)
+        assert (tmp_path / leaf / "ca.crt").read_bytes() == (ca_dir / "ca.crt").read_bytes()
+    usage = build.load_cert((tmp_path / "sched" / "tls.crt").read_bytes()).extensions
+    eku = usage.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    # asking for a serving pair where a client pair is: re-issued
+    again = store.generate(tmp_path / "sched", build.service_identity("sched", "ns"),
+                           ca_dir=ca_dir)
+    assert again.action == "renewed" and "serving pair is wanted" in again.reason
+
+
+def test_ca_rollover_keeps_old_and_new_trusted_until_every_leaf_switched(tmp_path: Path):
+    ca_dir, leaf = tmp_path / "ca", tmp_path / "webhook"
+    store.generate(leaf, IDENTITY, ca_dir=ca_dir)
+    old_ca = build.load_cert((ca_dir / "ca.crt").read_bytes())
+    old_leaf = build.load_cert((leaf / "tls.crt").read_bytes())
+
+    store.rotate_ca(ca_dir, "begin")
+    bundle = pem_certs(store.trust_bundle(ca_dir))
+    assert len(bundle) == 2 and bundle[0] == old_ca
+    assert store.generate(leaf, IDENTITY, ca_dir=ca_dir).action == "kept"  # old CA still signs
+    assert len(pem_certs((leaf / "ca.crt").read_bytes())) == 2  # but the bundle moved
+
+    store.rotate_ca(ca_dir, "switch")
+    new_ca = build.load_cert((ca_dir / "ca.crt").read_bytes())
+    assert new_ca != old_ca and build.signed_by(old_leaf, old_ca)
+    trusted = pem_certs(store.trust_bundle(ca_dir))
+    assert sorted(c.serial_number for c in trusted) == sorted(
+        c.serial_number for c in (old_ca, new_ca)
+    )
+    renewed = store.generate(leaf, IDENTITY, ca_dir=ca_dir)
+    assert renewed.action == "renewed" and "current CA" in renewed.reason
+    assert build.signed_by(build.load_cert((leaf / "tls.crt").read_bytes()), new_ca)
+
+    store.rotate_ca(ca_dir, "finish")
+    assert pem_certs(store.trust_bundle(ca_dir)) == [new_ca]
+    store.rotate_ca(ca_dir, "begin")
+    with pytest.raises(ValueError, match="switch first"):
+        store.rotate_ca(ca_dir, "finish")

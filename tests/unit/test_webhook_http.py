@@ -222,7 +222,7 @@ def test_ops_endpoints_and_metrics(webhook_server: WebhookServer) -> None:
     assert 'gpu_scheduler_webhook_reviews_total{outcome="mutated"}' in text
     assert 'gpu_scheduler_webhook_mutations_total{change="schedulerName"}' in text
     assert "gpu_scheduler_webhook_review_seconds_bucket" in text
-    assert 'gpu_scheduler_webhook_tls_reloads_total{result="ok"}' in text
+    assert 'gpu_scheduler_tls_reloads_total{result="ok"}' in text
 
 
 def test_one_json_log_line_per_decision(webhook_server: WebhookServer) -> None:

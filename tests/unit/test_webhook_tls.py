@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from gpu_scheduler.tls import CertReloader, check_pair
 from tests.unit.conftest import certs_generate
-from webhook.tls import CertReloader, check_pair
 
 
 @pytest.fixture
