@@ -1,6 +1,16 @@
 # The one project image: `gpu-scheduler <extender|webhook|agent|...>` picks the component.
-# Build: docker build -t ghcr.io/gpu-scheduler/gpu-scheduler:0.1.0 .
-FROM python:3.11-slim AS build
+#
+#   docker build -t ghcr.io/gpu-scheduler/gpu-scheduler:0.1.0 .
+#   docker push ghcr.io/gpu-scheduler/gpu-scheduler:0.1.0
+#
+# The base is pinned by version (Python patch release and Debian release). For a
+# reproducible build pin it by digest too:
+#   docker buildx imagetools inspect python:3.11.14-slim-bookworm   # shows the digest
+#   docker build --build-arg BASE=python:3.11.14-slim-bookworm@sha256:<digest> ...
+# README "The image" says how to point the chart or the kustomization at your image.
+ARG BASE=python:3.11.14-slim-bookworm
+
+FROM ${BASE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gpu_scheduler gpu_scheduler
@@ -10,11 +20,11 @@ COPY agent agent
 COPY certs certs
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
-FROM python:3.11-slim
+FROM ${BASE}
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 # Non-root by default; the agent's DaemonSet documents what NVML needs.
 USER 65532:65532
-ENV PYTHONUNBUFFERED=1
+ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 ENTRYPOINT ["gpu-scheduler"]
 CMD ["--help"]

@@ -50,8 +50,10 @@ secret() {  # NAME: Secret gpu-scheduler-NAME-tls from $dir/NAME
 fingerprint() { cat "$dir/scheduler/tls.crt" "$dir/scheduler/ca.crt" 2>/dev/null | sha256sum; }
 
 publish() {
-  local before
-  before=$(fingerprint)
+  local before=""
+  # Only a change to pairs kube-scheduler already loaded needs its restart; on the
+  # first run its pods wait for the Secret and read it when they start.
+  [ -f "$dir/scheduler/tls.crt" ] && before=$(fingerprint)
   issue webhook gpu-scheduler-webhook
   issue extender gpu-scheduler-extender
   issue scheduler gpu-scheduler --client
@@ -59,7 +61,7 @@ publish() {
   bundle=$($gpu_scheduler certs ca-bundle "$dir/ca")
   kubectl patch mutatingwebhookconfiguration "$webhook" --type=json -p \
     "[{\"op\":\"add\",\"path\":\"/webhooks/0/clientConfig/caBundle\",\"value\":\"$bundle\"}]"
-  if [ "$before" != "$(fingerprint)" ] \
+  if [ -n "$before" ] && [ "$before" != "$(fingerprint)" ] \
       && kubectl -n "$namespace" get deployment "$scheduler" >/dev/null 2>&1; then
     kubectl -n "$namespace" rollout restart deployment "$scheduler"
     kubectl -n "$namespace" rollout status deployment "$scheduler" --timeout=300s

@@ -11,13 +11,12 @@ kube-scheduler's files (client pair, CA bundle) against the extender."""
 from __future__ import annotations
 
 import base64
-import ssl
 import socket
+import ssl
 import threading
 import time
 
 import requests
-
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -136,7 +135,9 @@ def test_ca_rollover_refuses_no_gpu_pod(stack):
     for port in (stack.webhook_port, stack.extender_port):
         _served(port).verify_directly_issued_by(new_ca)
     for folder in ("webhook", "extender", "scheduler"):
-        build.load_cert((stack.pki / folder / store.TLS_CERT).read_bytes()).verify_directly_issued_by(new_ca)
+        build.load_cert(
+            (stack.pki / folder / store.TLS_CERT).read_bytes()
+        ).verify_directly_issued_by(new_ca)
         assert _cas((stack.pki / folder / store.CA_CERT).read_bytes()) == 1, folder
     config = admission.read_mutating_webhook_configuration(config.metadata.name)
     assert _cas(base64.b64decode(config.webhooks[0].client_config.ca_bundle)) == 1

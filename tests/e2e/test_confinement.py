@@ -12,7 +12,6 @@ import pytest
 import requests
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from gpu_scheduler import contract
 from gpu_scheduler.localcluster import ROOT
@@ -23,7 +22,10 @@ from tests.helpers import wait_for
 
 AGENT_ACCOUNT = "gpu-scheduler-agent"
 POLICY = ROOT / "deploy" / "agent" / "admission-policy.yaml"
-RBAC = [ROOT / "deploy" / "agent" / "rbac.yaml", ROOT / "deploy" / "agent" / "capacity" / "rbac.yaml"]
+RBAC = [
+    ROOT / "deploy" / "agent" / "rbac.yaml",
+    ROOT / "deploy" / "agent" / "capacity" / "rbac.yaml",
+]
 
 
 def _apply(stack, *paths: Path, delete: bool = False) -> None:
@@ -44,9 +46,7 @@ def _token(core: client.CoreV1Api, pod: Any | None) -> str:
             "name": pod.metadata.name,
             "uid": pod.metadata.uid,
         }
-    review = core.create_namespaced_service_account_token(
-        AGENT_ACCOUNT, NAMESPACE, {"spec": spec}
-    )
+    review = core.create_namespaced_service_account_token(AGENT_ACCOUNT, NAMESPACE, {"spec": spec})
     return review.status.token
 
 
@@ -89,8 +89,12 @@ def confined(stack):
     agent = AsAgent(stack, _token(core, pod))
     # The policy takes effect once the API server has compiled it and seen the binding.
     wait_for(
-        lambda: agent.patch(node_b, {"metadata": {"labels": {contract.LABEL_GPU_COUNT: "1"}}}).status_code
-        == 403,
+        lambda: (
+            agent.patch(
+                node_b, {"metadata": {"labels": {contract.LABEL_GPU_COUNT: "1"}}}
+            ).status_code
+            == 403
+        ),
         30,
         "the admission policy to take effect",
         interval=0.5,

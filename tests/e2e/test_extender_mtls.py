@@ -82,9 +82,10 @@ def test_plain_http_on_the_tls_port_gets_no_answer(stack):
 def test_the_ops_port_serves_health_and_metrics_but_never_the_verbs(stack):
     ops = f"http://127.0.0.1:{stack.extender_ops_port}"
     assert requests.get(f"{ops}/readyz", timeout=5).status_code == 200
-    assert "gpu_scheduler_tls_certificate_expiry_timestamp_seconds" in requests.get(
-        f"{ops}/metrics", timeout=5
-    ).text
+    assert (
+        "gpu_scheduler_tls_certificate_expiry_timestamp_seconds"
+        in requests.get(f"{ops}/metrics", timeout=5).text
+    )
     for verb in ("filter", "prioritize"):
         response = requests.post(f"{ops}/{verb}", json=names_body(), timeout=5)
         assert response.status_code == 403

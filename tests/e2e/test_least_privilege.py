@@ -111,7 +111,9 @@ def test_every_account_of_the_install_has_a_table():
     for folder in ("scheduler", "extender", "agent"):
         text = (ROOT / "deploy" / folder / "rbac.yaml").read_text()
         accounts |= {
-            d["metadata"]["name"] for d in yaml.safe_load_all(text) if d and d["kind"] == "ServiceAccount"
+            d["metadata"]["name"]
+            for d in yaml.safe_load_all(text)
+            if d and d["kind"] == "ServiceAccount"
         }
     assert all(d["spec"]["template"]["spec"].get("serviceAccountName") is None for d in built)
     assert {key[0] for key in documented()} == accounts
@@ -143,7 +145,9 @@ def test_can_i_list_equals_the_table(install_rbac, account, namespace, component
     expected = documented()[(account, namespace, component)]
     dump = os.environ.get("CAN_I_TABLES")  # a folder: write what the API server said
     if dump:
-        name = f"{account}-in-{namespace}" + (f"-with-{component.replace('/', '-')}" if component else "")
+        name = f"{account}-in-{namespace}" + (
+            f"-with-{component.replace('/', '-')}" if component else ""
+        )
         (Path(dump) / f"{name}.md").write_text(markdown(actual) + "\n")
     assert actual == expected, (
         f"docs/SECURITY.md's table for {account} in {namespace} differs from the API "

@@ -108,6 +108,21 @@ def _cel_string_list(expression: str) -> list[str]:
     return [item.strip().strip("'") for item in literal[1:-1].split(",") if item.strip()]
 
 
+def test_both_policy_files_are_what_the_generator_writes() -> None:
+    """deploy/'s policy and the chart's template come from tools/agent_policy.py (the
+    contract's keys); rerun it after changing either."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "agent_policy", ROOT / "tools" / "agent_policy.py"
+    )
+    assert spec is not None and spec.loader is not None
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    assert generator.DEPLOY.read_text() == generator.deploy_text()
+    assert generator.CHART.read_text() == generator.chart_text()
+
+
 def test_admission_policy_confines_the_agent_to_the_contract_keys() -> None:
     policy, binding = docs("admission-policy.yaml")
     assert policy["kind"] == "ValidatingAdmissionPolicy"
