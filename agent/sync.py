@@ -27,6 +27,7 @@ from typing import Any
 
 from agent.labels import Desired
 from gpu_scheduler import contract
+from gpu_scheduler.kube import json_pointer_token
 from gpu_scheduler.quantity import QuantityError, parse_quantity
 from gpu_scheduler.timestamps import parse_rfc3339, rfc3339
 
@@ -192,7 +193,7 @@ def capacity_patch(
         return None
     if current is None:
         return [{"op": "add", "path": "/status/capacity", "value": {contract.RESOURCE_GPU: want}}]
-    path = "/status/capacity/" + _pointer(contract.RESOURCE_GPU)
+    path = "/status/capacity/" + json_pointer_token(contract.RESOURCE_GPU)
     have = current.get(contract.RESOURCE_GPU)
     if have is None:
         return [{"op": "add", "path": path, "value": want}]
@@ -204,11 +205,6 @@ def capacity_patch(
         {"op": "test", "path": path, "value": have},
         {"op": "replace", "path": path, "value": want},
     ]
-
-
-def _pointer(key: str) -> str:
-    """A key as a JSON-pointer segment (RFC 6901): ``nvidia.com/gpu`` → ``nvidia.com~1gpu``."""
-    return key.replace("~", "~0").replace("/", "~1")
 
 
 def _same_quantity(a: str, b: str) -> bool:

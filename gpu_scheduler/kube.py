@@ -11,6 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 
+def json_pointer_token(key: str) -> str:
+    """A key as a JSON-pointer segment (RFC 6901): ``nvidia.com/gpu`` -> ``nvidia.com~1gpu``."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
 def api_client(kubeconfig: str | None = None) -> Any:
     from kubernetes import client, config
 

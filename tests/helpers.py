@@ -1,24 +1,22 @@
-"""Helpers shared by the tests and benchmarks: ports, processes, waiting."""
+"""Helpers shared by the tests and benchmarks: processes, waiting (ports and stopping
+by process group come from :mod:`lab.processes`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from lab.processes import free_port, stop_group
+
+__all__ = ["CLI", "ROOT", "free_port", "running", "tail", "wait_for"]
+
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "gpu_scheduler.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
@@ -51,18 +49,8 @@ def running(
     try:
         yield proc
     finally:
-        stop(proc)
+        stop_group(proc)
         log.close()
-
-
-def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def tail(path: Path, lines: int = 60) -> str:

@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gpu_scheduler.localcluster import free_port  # noqa: E402
-from gpu_scheduler.stack import bare_stack  # noqa: E402
+from lab.processes import free_port  # noqa: E402
+from lab.stack import bare_stack  # noqa: E402
 from tests.bench.extender_bench import BARE_APP  # noqa: E402
 from tests.bench.trace import (  # noqa: E402
     find_trace_dir,

@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from gpu_scheduler import contract  # noqa: E402
-from gpu_scheduler.localcluster import node_object  # noqa: E402
-from gpu_scheduler.stack import bare_stack, scheduler_config  # noqa: E402
+from lab.kubelet_shim import node_object  # noqa: E402
+from lab.stack import bare_stack, scheduler_config  # noqa: E402
 
 SET_LABEL = "bench.gpu-scheduler.io/set"
 TAINT = {"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}

@@ -32,8 +32,10 @@ sys.path.insert(0, str(ROOT))
 
 from extender.cache import ClusterCache  # noqa: E402
 from gpu_scheduler import contract  # noqa: E402
-from gpu_scheduler.localcluster import free_port, node_object, start_control_plane  # noqa: E402
-from gpu_scheduler.stack import CLI  # noqa: E402
+from lab.controlplane import start_control_plane  # noqa: E402
+from lab.kubelet_shim import node_object  # noqa: E402
+from lab.processes import free_port  # noqa: E402
+from lab.stack import CLI  # noqa: E402
 from tests.factories import make_pod  # noqa: E402
 
 MODELS = [("NVIDIA-H100-80GB-HBM3", 81559), ("NVIDIA-A100-SXM4-40GB", 40960), ("NVIDIA-L4", 23034)]

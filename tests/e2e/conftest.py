@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from gpu_scheduler.localcluster import find_binary
+from lab.controlplane import find_binary
 
 HOW_TO_GET_IT = (
     "the e2e tests need the control-plane binary: install Go 1.26+ and run "
@@ -40,7 +40,7 @@ def control_plane_binary():
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory, control_plane_binary):
-    from gpu_scheduler.stack import start_stack
+    from lab.stack import start_stack
 
     workdir = tmp_path_factory.mktemp("cluster")
     stack = start_stack(workdir)

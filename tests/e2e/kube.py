@@ -10,7 +10,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpu_scheduler import contract
-from gpu_scheduler.localcluster import node_object
+from lab.kubelet_shim import node_object
 
 CASE_LABEL = "e2e.gpu-scheduler.io/case"
 

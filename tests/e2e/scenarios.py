@@ -13,8 +13,9 @@ from typing import Any
 import requests
 
 from gpu_scheduler import contract
-from gpu_scheduler.localcluster import Process, free_port, start_control_plane
-from gpu_scheduler.stack import Stack, scheduler_config
+from lab.controlplane import start_control_plane
+from lab.processes import Process, free_port
+from lab.stack import Stack, scheduler_config
 from tests.e2e.faults import Proxy
 from tests.e2e.kube import create_node, create_pod, gpu_labels, pod_manifest, unique
 

@@ -10,7 +10,7 @@ import yaml
 from kubernetes import client
 
 from gpu_scheduler import contract
-from gpu_scheduler.stack import NAMESPACE, deploy_documents
+from lab.stack import NAMESPACE, deploy_documents
 from tests.e2e.kube import create_node, ensure_namespace, unique
 from tests.helpers import wait_for
 

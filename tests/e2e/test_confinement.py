@@ -14,8 +14,8 @@ import yaml
 from kubernetes import client
 
 from gpu_scheduler import contract
-from gpu_scheduler.localcluster import ROOT
-from gpu_scheduler.stack import NAMESPACE
+from lab.controlplane import ROOT
+from lab.stack import NAMESPACE
 from tests.e2e.kube import create_node, ensure_namespace, unique
 from tests.e2e.test_agent_daemonset import h100_inventory
 from tests.helpers import wait_for

@@ -14,7 +14,7 @@ TAINT = {"key": "e2e.gpu-scheduler.io/fuzz", "value": "only", "effect": "NoSched
 
 @pytest.fixture
 def fuzz_nodes(stack):
-    from gpu_scheduler.localcluster import node_object
+    from lab.kubelet_shim import node_object
 
     api = core(stack)
     for node in servers.base_nodes():

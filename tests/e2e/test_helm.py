@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_scheduler.localcluster import ROOT
-from gpu_scheduler.stack import NAMESPACE
+from lab.controlplane import ROOT
+from lab.stack import NAMESPACE
 
 CHART = ROOT / "charts" / "gpu-scheduler"
 HASHED = re.compile(r"^(gpu-scheduler(?:-\w+)*-config)-[a-z0-9]{10}$")
@@ -134,7 +134,7 @@ def test_the_modes_render_what_they_say(control_plane_binary):
 def fresh_cluster(tmp_path_factory, control_plane_binary):
     """A control plane of its own: the chart registers a webhook for every GPU pod and
     cluster-wide names, which must not meet the shared stack's."""
-    from gpu_scheduler.localcluster import start_control_plane
+    from lab.controlplane import start_control_plane
 
     cluster = start_control_plane(tmp_path_factory.mktemp("helm"))
     yield cluster

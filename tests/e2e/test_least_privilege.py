@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_scheduler.localcluster import ROOT
-from gpu_scheduler.stack import NAMESPACE
+from lab.controlplane import ROOT
+from lab.stack import NAMESPACE
 from tests.e2e.kube import ensure_namespace
 
 SECURITY = ROOT / "docs" / "SECURITY.md"

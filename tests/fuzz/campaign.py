@@ -28,8 +28,8 @@ BEGIN, END = "<!-- fuzz-table:begin -->", "<!-- fuzz-table:end -->"
 def cluster_targets(stack: ExitStack, work: Path) -> list[harness.Target]:
     from kubernetes import client
 
-    from gpu_scheduler.localcluster import node_object
-    from gpu_scheduler.stack import bare_stack
+    from lab.kubelet_shim import node_object
+    from lab.stack import bare_stack
 
     local, core = stack.enter_context(bare_stack("fuzz-"))
     for node in servers.base_nodes():

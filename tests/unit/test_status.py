@@ -5,8 +5,8 @@ from __future__ import annotations
 from extender.cache import ClusterCache
 from extender.status import COLUMNS, inventory_rows
 from gpu_scheduler import contract
-from gpu_scheduler.demo import NODES, PODS, inventory, pod_manifest, why
 from gpu_scheduler.table import render_table
+from lab.demo import NODES, PODS, inventory, pod_manifest, why
 from tests.factories import make_node, make_pod
 from tests.unit.test_dra import claim, device_class, gpu_device, resource_slice
 

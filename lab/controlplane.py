@@ -1,11 +1,10 @@
 """A real Kubernetes control plane on 127.0.0.1, for the end-to-end tests and the demo.
 
-etcd, kube-apiserver, kube-controller-manager and kube-scheduler run from the one
-binary that ``make controlplane`` builds from the Kubernetes Go modules
-(``tools/k8s``). There is no kubelet: nodes are Node objects created through the API,
-and :class:`KubeletShim` plays the kubelet's part of copying extended-resource capacity
-into allocatable. Every process is started here and stopped by its pid; each one's log
-stays in the work directory.
+etcd, kube-apiserver and kube-controller-manager (and the kube-schedulers the tests
+start) run from the one binary that ``make controlplane`` builds from the Kubernetes Go
+modules (``tools/k8s``). There is no kubelet: nodes are Node objects created through
+the API (:mod:`lab.kubelet_shim`). Every process is started here and stopped by its
+process group; each one's log stays in the work directory.
 """
 
 from __future__ import annotations
@@ -14,22 +13,24 @@ import contextlib
 import glob
 import logging
 import os
-import shutil
 import signal
-import socket
-import ssl
 import subprocess
-import threading
-import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gpu_scheduler import contract
+from lab.processes import (
+    ControlPlaneError,
+    Process,
+    clean_env,
+    free_port,
+    wait_port,
+    wait_url,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,6 @@ CONTROLLERS = (
 )
 
 
-class ControlPlaneError(RuntimeError):
-    pass
 
 
 def find_binary() -> Path | None:
@@ -64,49 +63,6 @@ def find_binary() -> Path | None:
         return Path(env)
     builds = sorted(glob.glob(str(ROOT / ".cache" / "k8s" / "*" / "k8s")), key=os.path.getmtime)
     return Path(builds[-1]) if builds else None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
-    return env
-
-
-@dataclass
-class Process:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-    args: list[str] = field(default_factory=list)
-    env: Mapping[str, str] | None = None
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(text[-lines:])
-
-    def stop(self, grace: float = 10.0) -> None:
-        if self.popen.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGTERM)
-        try:
-            self.popen.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait()
 
 
 @dataclass
@@ -137,7 +93,7 @@ class LocalCluster:
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**_clean_env(), **(env or {})},
+                env={**clean_env(), **(env or {})},
                 cwd=ROOT,
                 start_new_session=True,
             )
@@ -230,7 +186,7 @@ class LocalCluster:
         if args and args[0] == "kubectl":
             cmd = [str(self.binary), "kubectl", f"--kubeconfig={self.kubeconfig}", *args[1:]]
         done = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, env=_clean_env(), cwd=ROOT
+            cmd, capture_output=True, text=True, timeout=timeout, env=clean_env(), cwd=ROOT
         )
         if check and done.returncode != 0:
             raise ControlPlaneError(f"{' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
@@ -264,49 +220,6 @@ class LocalCluster:
         )
         wait_url(f"https://127.0.0.1:{port}/healthz", 60, proc, insecure=True)
         return proc
-
-
-def wait_url(
-    url: str,
-    timeout: float,
-    proc: Process,
-    *,
-    ca_file: Path | None = None,
-    token: str | None = None,
-    insecure: bool = False,
-) -> None:
-    """Poll ``url`` until it answers 200; fail early if ``proc`` exits."""
-    context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
-    if insecure:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    request = urllib.request.Request(url)
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise ControlPlaneError(f"{proc.name} exited:\n{proc.tail()}")
-        try:
-            with urllib.request.urlopen(request, context=context, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except Exception as exc:  # not up yet
-            last = exc
-        time.sleep(0.25)
-    raise ControlPlaneError(f"{proc.name} not ready after {timeout}s ({last!r}):\n{proc.tail()}")
-
-
-def _wait_port(port: int, timeout: float, proc: Process) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise ControlPlaneError(f"{proc.name} exited:\n{proc.tail()}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return
-        time.sleep(0.1)
-    raise ControlPlaneError(f"{proc.name} did not open port {port}:\n{proc.tail()}")
 
 
 def _write_kubeconfig(path: Path, server: str, ca_file: Path, token: str) -> None:
@@ -381,7 +294,7 @@ def _start_core(cluster: LocalCluster, pki: Path, tokens: Path) -> None:
             "--log-level=warn",
         ],
     )
-    _wait_port(etcd_port, 60, etcd)
+    wait_port(etcd_port, 60, etcd)
     apiserver = cluster.spawn(
         "kube-apiserver",
         [
@@ -434,115 +347,3 @@ def _start_core(cluster: LocalCluster, pki: Path, tokens: Path) -> None:
             "-v=1",
         ],
     )
-
-
-class KubeletShim:
-    """Plays the one part of the kubelet the tests need: once a node's status capacity
-    carries ``nvidia.com/gpu`` (the agent's JSON patch), copy it into allocatable, as
-    the kubelet does for extended resources. Runs a watch in a daemon thread."""
-
-    def __init__(self, api_client: Any) -> None:
-        from kubernetes import client
-
-        self.core = client.CoreV1Api(api_client)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kubelet-shim", daemon=True)
-
-    def start(self) -> KubeletShim:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def sync(self, node: Mapping[str, Any]) -> bool:
-        status = node.get("status") or {}
-        capacity = (status.get("capacity") or {}).get(contract.RESOURCE_GPU)
-        allocatable = (status.get("allocatable") or {}).get(contract.RESOURCE_GPU)
-        if capacity == allocatable:
-            return False
-        path = "/status/allocatable/" + contract.RESOURCE_GPU.replace("/", "~1")
-        if capacity is None:
-            op = {"op": "remove", "path": path}
-        else:
-            op = {"op": "add", "path": path, "value": capacity}
-        if not status.get("allocatable"):
-            op = {"op": "add", "path": "/status/allocatable", "value": {}}
-            self.core.patch_node_status(node["metadata"]["name"], [op])
-            return self.sync(node | {"status": status | {"allocatable": {}}})
-        self.core.patch_node_status(node["metadata"]["name"], [op])
-        return True
-
-    def _run(self) -> None:
-        from gpu_scheduler.kube import watch_events
-
-        while not self._stop.is_set():
-            try:
-                for event, obj in watch_events(self.core.list_node, timeout_seconds=60):
-                    if event in ("ADDED", "MODIFIED"):
-                        self.sync(obj)
-                    if self._stop.is_set():
-                        return
-            except Exception as exc:
-                if not self._stop.is_set():  # the apiserver going away at stop is expected
-                    log.warning("kubelet shim watch failed: %r", exc)
-                self._stop.wait(1)
-
-
-def node_object(
-    name: str,
-    *,
-    labels: Mapping[str, str] | None = None,
-    annotations: Mapping[str, str] | None = None,
-    gpus: int | None = None,
-    cpu: str = "32",
-    memory: str = "256Gi",
-    taints: list[dict[str, str]] | None = None,
-) -> dict[str, Any]:
-    """A Node as a kubelet would register it (Ready, with capacity and allocatable).
-
-    ``gpus`` sets ``nvidia.com/gpu`` capacity and allocatable directly (as if a device
-    plugin had advertised them); leave it None to let the agent publish capacity.
-    """
-    resources = {"cpu": cpu, "memory": memory, "pods": "110"}
-    if gpus is not None:
-        resources[contract.RESOURCE_GPU] = str(gpus)
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                **(labels or {}),
-            },
-            "annotations": dict(annotations or {}),
-        },
-        "spec": {"taints": list(taints or [])},
-        "status": {
-            "capacity": dict(resources),
-            "allocatable": dict(resources),
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "KubeletReady",
-                    "message": "node created by gpu-scheduler's local cluster",
-                }
-            ],
-        },
-    }
-
-
-@contextlib.contextmanager
-def local_cluster(workdir: Path, binary: Path | None = None) -> Iterator[LocalCluster]:
-    cluster = start_control_plane(workdir, binary)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-def remove_workdir(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)

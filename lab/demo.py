@@ -157,9 +157,9 @@ def run_demo(workdir: Path, keep: bool) -> int:
     from kubernetes import client
 
     from extender.status import cluster_status
-    from gpu_scheduler.localcluster import node_object
-    from gpu_scheduler.stack import start_stack
     from gpu_scheduler.table import render_table
+    from lab.kubelet_shim import node_object
+    from lab.stack import start_stack
 
     print(
         "starting the control plane and gpu-scheduler (extender, webhook, scheduler)...", flush=True
@@ -261,7 +261,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpu_scheduler.localcluster import find_binary
+    from lab.controlplane import find_binary
 
     if find_binary() is None:
         print(

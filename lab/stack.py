@@ -1,6 +1,6 @@
 """The whole product on the local control plane: what `make demo` and the e2e tests run.
 
-On top of :mod:`gpu_scheduler.localcluster` it starts our extender (cluster mode), our
+On top of :mod:`lab.controlplane` it starts our extender (cluster mode), our
 webhook (TLS, certificates from the certs tool, registered with a ``url`` clientConfig
 and its caBundle, rules and matchConditions taken from deploy/), two kube-schedulers
 (the cluster's default one, and the ``gpu-scheduler`` profile from deploy/'s
@@ -23,16 +23,9 @@ from typing import Any
 import yaml
 
 from gpu_scheduler import contract
-from gpu_scheduler.localcluster import (
-    ROOT,
-    ControlPlaneError,
-    KubeletShim,
-    LocalCluster,
-    Process,
-    free_port,
-    start_control_plane,
-    wait_url,
-)
+from lab.controlplane import ROOT, LocalCluster, start_control_plane
+from lab.kubelet_shim import KubeletShim
+from lab.processes import ControlPlaneError, Process, free_port, wait_url
 
 log = logging.getLogger(__name__)
 
