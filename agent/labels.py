@@ -44,7 +44,6 @@ from typing import Any
 from agent.inventory import DRIVER_VERSION, MAJOR_MINOR, Gpu, Inventory
 from gpu_scheduler import contract
 
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 MAX_LABEL_VALUE = contract.MAX_LABEL_VALUE
 #: PCI classes (``/sys/bus/pci/devices/*/class``) and the ``gpu.mode`` GFD gives them.
 PCI_MODES = {"0x030000": "graphics", "0x030200": "compute"}
@@ -98,10 +97,6 @@ def gpu_mode(gpus: tuple[Gpu, ...]) -> str:
     return modes.pop() if len(modes) == 1 else "unknown"
 
 
-def is_label_value(value: str) -> bool:
-    return len(value) <= MAX_LABEL_VALUE and bool(_LABEL_VALUE.match(value))
-
-
 def allocatable_gpus(inventory: Inventory) -> int:
     """GPUs a pod can be given whole: healthy and not in MIG mode."""
     return sum(1 for g in inventory.gpus if g.healthy and not g.mig_enabled)
@@ -146,7 +141,8 @@ def desired_state(inventory: Inventory, *, manage_capacity: bool = True) -> Desi
         labels[contract.LABEL_GPU_COMPUTE_MAJOR] = str(major)
         labels[contract.LABEL_GPU_COMPUTE_MINOR] = str(minor)
     labels.update(version_labels(inventory))
-    return Desired({k: v for k, v in labels.items() if is_label_value(v)}, annotations, capacity)
+    valid = {k: v for k, v in labels.items() if contract.is_label_value(v)}
+    return Desired(valid, annotations, capacity)
 
 
 def version_labels(inventory: Inventory) -> dict[str, str]:

@@ -177,6 +177,19 @@ def pod_gpu_request(spec: Any) -> int:
     return int(value)
 
 
+def pod_cpu_memory(spec: Any) -> tuple[int, int]:
+    """A pod's CPU (millicores) and memory (MiB) requests, as kube-scheduler sums them;
+    (0, 0) parts for a spec it cannot read (for preferences only: never raises)."""
+    values = []
+    for resource, scale in (("cpu", 1000), ("memory", Decimal(1) / (1 << 20))):
+        try:
+            amount = pod_request(expect_object(spec, "spec"), resource) if spec else _ZERO
+        except FieldError:
+            amount = _ZERO
+        values.append(max(0, min(int(amount * scale), 1 << 40)))
+    return values[0], values[1]
+
+
 def _quantity(value: Any, path: str) -> Decimal:
     try:
         quantity = parse_quantity(value)
@@ -231,6 +244,13 @@ def node_gpu_memory_mib(labels: Mapping[str, Any]) -> int | None:
 
 _NOT_IN_PRODUCT = re.compile(r"[^A-Za-z0-9_. \-]")
 MAX_LABEL_VALUE = 63
+#: apimachinery's label value: empty, or alphanumerics with -_. inside (IsValidLabelValue).
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+
+
+def is_label_value(value: str) -> bool:
+    """Whether ``value`` is a valid label value (at most 63 characters)."""
+    return len(value) <= MAX_LABEL_VALUE and bool(_LABEL_VALUE.match(value))
 
 
 def product_label_value(name: str, *suffix: str) -> str:

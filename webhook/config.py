@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_scheduler.configfile import checked_mapping, load_yaml_file
-from gpu_scheduler.contract import DEFAULT_SCHEDULER, GPU_TOLERATION, SCHEDULER_NAME
+from gpu_scheduler.contract import (
+    DEFAULT_SCHEDULER,
+    GPU_TOLERATION,
+    SCHEDULER_NAME,
+    is_label_value,
+)
 
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 OPERATORS = ("Exists", "Equal")
@@ -27,7 +32,6 @@ MIN_BODY_BYTES = 64 << 10
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _KEYS = {"schedulerName", "extraTolerations", "maxBodyBytes"}
 
 Toleration = Mapping[str, Any]
@@ -84,7 +88,7 @@ def toleration_problem(t: Any) -> str | None:
         return "an empty key needs operator Exists"
     if operator == "Exists" and value:
         return "operator Exists takes no value"
-    if operator == "Equal" and not _LABEL_VALUE.match(value):
+    if operator == "Equal" and not is_label_value(value):
         return f"value {value!r} is not a valid label value"
     if effect and effect not in EFFECTS:
         return f"effect must be empty or one of {EFFECTS}"

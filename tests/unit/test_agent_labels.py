@@ -13,11 +13,11 @@ from agent.inventory import FakeBackend, Gpu, Inventory, MigDevice
 from agent.labels import (
     desired_state,
     family,
-    is_label_value,
     label_value,
     least_gpu,
 )
 from gpu_scheduler import contract
+from gpu_scheduler.contract import is_label_value
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gpus"
 

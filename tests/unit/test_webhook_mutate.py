@@ -364,3 +364,12 @@ def test_config_from_yaml(tmp_path) -> None:
 def test_config_errors(data: dict[str, Any], reason: str) -> None:
     with pytest.raises(ConfigError, match=reason):
         config_from_mapping(data)
+
+
+def test_a_toleration_value_must_be_a_label_value_of_at_most_63_characters() -> None:
+    from webhook.config import toleration_problem
+
+    ok = {"key": "example.com/pool", "operator": "Equal", "value": "a" * 63, "effect": "NoSchedule"}
+    assert toleration_problem(ok) is None
+    assert "not a valid label value" in (toleration_problem(ok | {"value": "a" * 64}) or "")
+    assert "not a valid label value" in (toleration_problem(ok | {"value": "-x"}) or "")
