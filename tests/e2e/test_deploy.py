@@ -3,17 +3,31 @@ dry run against the real apiserver (schemas, admission, RBAC escalation checks).
 
 from __future__ import annotations
 
-from gpu_scheduler.localcluster import ROOT
-from gpu_scheduler.stack import NAMESPACE
+import re
+
+from lab.controlplane import ROOT
+from lab.stack import NAMESPACE
 from tests.e2e.kube import ensure_namespace
 
 EXPECTED = {
     ("namespace", "gpu-scheduler"),
     ("deployment.apps", "gpu-scheduler"),
     ("deployment.apps", "gpu-scheduler-extender"),
+    ("deployment.apps", "gpu-scheduler-webhook"),
     ("service", "gpu-scheduler-extender"),
+    ("service", "gpu-scheduler-webhook"),
+    ("poddisruptionbudget.policy", "gpu-scheduler"),
+    ("poddisruptionbudget.policy", "gpu-scheduler-extender"),
+    ("poddisruptionbudget.policy", "gpu-scheduler-webhook"),
     ("daemonset.apps", "gpu-scheduler-agent"),
-    ("mutatingwebhookconfiguration.admissionregistration.k8s.io", "gpu-scheduler"),
+    ("mutatingwebhookconfiguration.admissionregistration.k8s.io", "gpu-scheduler-webhook"),
+    ("validatingadmissionpolicy.admissionregistration.k8s.io", "gpu-scheduler-agent-own-node"),
+    (
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io",
+        "gpu-scheduler-agent-own-node",
+    ),
+    ("networkpolicy.networking.k8s.io", "gpu-scheduler-default-deny-ingress"),
+    ("networkpolicy.networking.k8s.io", "gpu-scheduler-extender"),
 }
 
 
@@ -25,12 +39,15 @@ def test_kubectl_apply_k_deploy_server_dry_run(stack):
         if " (server dry run)" in line and "/" in line:
             kind, _, rest = line.partition("/")
             applied.add((kind, rest.split()[0]))
-    missing = {
-        item
-        for item in EXPECTED
-        if not any(a[0] == item[0] and a[1].startswith(item[1]) for a in applied)
-    }
+    missing = EXPECTED - applied
     assert not missing, out
+    # The generated ConfigMaps carry kustomize's content hash, so pods roll on a change.
+    configmaps = sorted(name for kind, name in applied if kind == "configmap")
+    assert [re.sub(r"-[a-z0-9]{10}$", "", n) for n in configmaps] == [
+        "gpu-scheduler-config",
+        "gpu-scheduler-extender-config",
+        "gpu-scheduler-webhook-config",
+    ], configmaps
 
 
 def test_scheduler_config_is_v1_with_its_own_lease_and_the_extender():

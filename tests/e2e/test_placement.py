@@ -11,6 +11,7 @@ import datetime as dt
 import pytest
 
 from gpu_scheduler import contract
+from lab.stack import scheduler_config
 from tests.e2e.kube import (
     bind_pod,
     create_node,
@@ -48,19 +49,40 @@ def place(stack, case, gpus=1, annotations=None):
     return name
 
 
-def test_binpack_fills_the_fullest_node_that_fits(stack):
+def test_binpack_takes_the_tightest_fit_where_mostallocated_takes_the_fuller_node(stack):
+    """A node with 8 GPUs, 4 in use, and an empty 2-GPU node. For a 1-GPU pod,
+    MostAllocated (deploy/'s profile without the extender) prefers the big node (5/8
+    allocated after, against 1/2), which leaves 3 GPUs no 4-GPU pod can use; our
+    binpack takes the small node's 1 of 2 and keeps the big node's 4 together. The
+    same pod under the profile without the extender shows the case tells the two
+    apart."""
     case = "binpack"
-    empty = gpu_node(stack, case, 8)
-    half = gpu_node(stack, case, 8)
-    almost = gpu_node(stack, case, 8)
-    bind_pod(stack, half, 4)
-    bind_pod(stack, almost, 7)
-    first = place(stack, case)
-    assert wait_bound(stack, first) == almost  # 1 free: perfect fit
-    second = place(stack, case, 2)
-    assert wait_bound(stack, second) == half  # almost is full now; half has 4
-    third = place(stack, case, 8)
-    assert wait_bound(stack, third) == empty
+    big = gpu_node(stack, case, 8)
+    small = gpu_node(stack, case, 2)
+    bind_pod(stack, big, 4)
+    plain = scheduler_config(stack.extender_url, profile="no-extender")
+    plain.pop("extenders")
+    stack.cluster.start_scheduler("no-extender", plain)
+    try:
+        control = unique("control")
+        create_pod(
+            stack,
+            pod_manifest(
+                control,
+                1,
+                case=case,
+                scheduler="no-extender",
+                tolerations=[contract.GPU_TOLERATION],
+            ),
+        )
+        assert wait_bound(stack, control) == big
+        delete_pod(stack, control)
+    finally:
+        stack.cluster.stop_process("no-extender")
+    ours = place(stack, case)
+    assert wait_bound(stack, ours) == small
+    four = place(stack, case, 4)
+    assert wait_bound(stack, four) == big  # the 4 GPUs kept together
 
 
 def test_min_gpu_memory_lands_only_on_80gib_gpus(stack):
