@@ -23,6 +23,7 @@ from extender.dra_index import DraIndex
 from extender.model import MAX_GPUS, NodeFacts, node_facts, parse_products
 from extender.reflector import Reflector
 from extender.view import View
+from extender.workload import TaskShape, task_shape, workload_mix
 from gpu_scheduler import contract
 from gpu_scheduler.fields import FieldError
 
@@ -39,7 +40,7 @@ VIEW_MAX_AGE = 1.0
 
 
 class _PodRecord:
-    __slots__ = ("gpus", "group", "node", "products")
+    __slots__ = ("cpu_milli", "gpus", "group", "node", "products", "ram_mib")
 
     def __init__(
         self,
@@ -47,11 +48,18 @@ class _PodRecord:
         gpus: int,
         group: tuple[str, str] | None,
         products: tuple[str, ...] | None = None,
+        cpu_milli: int = 0,
+        ram_mib: int = 0,
     ) -> None:
         self.node = node
         self.gpus = gpus
         self.group = group
         self.products = products  # gpu-products it is restricted to, if any
+        self.cpu_milli = cpu_milli
+        self.ram_mib = ram_mib
+
+    def shape(self) -> TaskShape:
+        return task_shape(self.gpus, self.cpu_milli, self.ram_mib, self.products)
 
 
 def pod_record(pod: Mapping[str, Any]) -> tuple[str, _PodRecord] | None:
@@ -84,7 +92,8 @@ def pod_record(pod: Mapping[str, Any]) -> tuple[str, _PodRecord] | None:
     raw = annotations.get(contract.ANN_GPU_PRODUCTS)
     products = parse_products(raw) if gpus and isinstance(raw, str) else None
     restricted = tuple(sorted(sys.intern(p) for p in products)) if products else None
-    return uid, _PodRecord(sys.intern(node), gpus, group, restricted)
+    cpu_milli, ram_mib = contract.pod_cpu_memory(spec) if gpus else (0, 0)
+    return uid, _PodRecord(sys.intern(node), gpus, group, restricted, cpu_milli, ram_mib)
 
 
 def _pod_uid(meta: Any) -> str:
@@ -117,6 +126,11 @@ class ClusterCache:
         self._capacity: dict[str, int] = {}
         self._demand: dict[str, float] = {}
         self._demand_total = 0
+        # CPU and memory held by the bound GPU pods per node, and the shapes of those
+        # pods (the workload mix the fragmentation policy plans for).
+        self._cpu_used: dict[str, int] = {}
+        self._ram_used: dict[str, int] = {}
+        self._shapes: dict[TaskShape, int] = {}
         self._lock = threading.Lock()
         self._node_version = 0
         self._pod_version = 0
@@ -149,7 +163,11 @@ class ClusterCache:
             nodes = MappingProxyType(dict(self._nodes))
         if old is not None and old.version == version:
             used, groups, pods = old.used, old.groups, old.pods
+            cpu_used, ram_used, mix = old.cpu_used, old.ram_used, old.mix
         else:
+            cpu_used = MappingProxyType(dict(self._cpu_used))
+            ram_used = MappingProxyType(dict(self._ram_used))
+            mix = workload_mix(self._shapes)
             counted = dict(self._used)
             for name, facts in self._nodes.items():
                 if facts.dra:  # devices held by claims, not pods' requests: no double count
@@ -164,6 +182,9 @@ class ClusterCache:
         snap = View(
             nodes=nodes,
             used=used,
+            cpu_used=cpu_used,
+            ram_used=ram_used,
+            mix=mix,
             groups=groups,
             pressure=MappingProxyType(self._pressure()),
             beats=self._beats[1],
@@ -333,23 +354,13 @@ class ClusterCache:
 
     def replace_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
         records = dict(filter(None, (pod_record(item) for item in items)))
-        used: dict[str, int] = {}
-        groups: dict[tuple[str, str], dict[str, int]] = {}
-        demand: dict[str, float] = {}
-        demand_total = 0
-        for record in records.values():
-            if record.gpus:
-                used[record.node] = used.get(record.node, 0) + record.gpus
-                demand_total += record.gpus
-                for product in record.products or ():
-                    share = record.gpus / len(record.products)  # type: ignore[arg-type]
-                    demand[product] = demand.get(product, 0.0) + share
-            if record.group is not None:
-                members = groups.setdefault(record.group, {})
-                members[record.node] = members.get(record.node, 0) + 1
         with self._lock:
-            self._pods, self._used, self._groups = records, used, groups
-            self._demand, self._demand_total = demand, demand_total
+            self._pods = {}
+            self._used, self._groups, self._demand, self._demand_total = {}, {}, {}, 0
+            self._cpu_used, self._ram_used, self._shapes = {}, {}, {}
+            for uid, record in records.items():
+                self._pods[uid] = record
+                self._account(record, 1)
             self._pod_version += 1
         metrics.CACHE_OBJECTS.labels("pods").set(len(records))
 
@@ -367,11 +378,11 @@ class ClusterCache:
         metrics.CACHE_OBJECTS.labels("pods").set(len(self._pods))
 
     def _account(self, record: _PodRecord, sign: int) -> None:
-        used = self._used.get(record.node, 0) + sign * record.gpus
-        if used:
-            self._used[record.node] = used
-        else:
-            self._used.pop(record.node, None)
+        _add(self._used, record.node, sign * record.gpus)
+        if record.gpus:
+            _add(self._cpu_used, record.node, sign * record.cpu_milli)
+            _add(self._ram_used, record.node, sign * record.ram_mib)
+            _add(self._shapes, record.shape(), sign)
         self._demand_total += sign * record.gpus
         for product in record.products or ():
             share = self._demand.get(product, 0.0) + sign * record.gpus / len(record.products)
@@ -453,3 +464,12 @@ class ClusterCache:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _add(counts: dict[Any, int], key: Any, delta: int) -> None:
+    """counts[key] += delta, keeping no zero entries."""
+    value = counts.get(key, 0) + delta
+    if value:
+        counts[key] = value
+    else:
+        counts.pop(key, None)

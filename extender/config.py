@@ -1,7 +1,7 @@
 """The extender's YAML configuration: policy weights and limits.
 
 ```yaml
-weights: {gpu: 3, spot: 2, zone: 4, scarcity: 6}  # each scoring policy >= 1/10 of the sum
+weights: {gpu: 4, spot: 4, zone: 15, scarcity: 7, fragmentation: 10}  # each scoring policy >= 1/10 of the sum
 disabled: []                          # policy names to switch off (e.g. [heartbeat])
 defaultPlacement: binpack             # or spread; pods override with an annotation
 heartbeatWindow: 15m                  # agent silent longer -> no new GPU pods; 0 = off
@@ -19,9 +19,9 @@ from extender.model import PLACEMENTS
 from gpu_scheduler.configfile import checked_mapping, load_yaml_file
 from gpu_scheduler.durations import parse_duration
 
-SCORING_POLICIES = ("gpu", "spot", "zone", "scarcity")
+SCORING_POLICIES = ("gpu", "spot", "zone", "scarcity", "fragmentation")
 KNOWN_POLICIES = (*SCORING_POLICIES, "heartbeat")
-DEFAULT_WEIGHTS = {"gpu": 3, "spot": 2, "zone": 4, "scarcity": 6}
+DEFAULT_WEIGHTS = {"gpu": 4, "spot": 4, "zone": 15, "scarcity": 7, "fragmentation": 10}
 MIN_BODY_BYTES = 64 << 20
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpu_scheduler import contract
 from gpu_scheduler.fields import FieldError, expect_object, object_at, string_at
-from gpu_scheduler.quantity import QuantityError, parse_count, type_name
+from gpu_scheduler.quantity import QuantityError, parse_count, parse_quantity, type_name
 from gpu_scheduler.textclip import clip
 from gpu_scheduler.timestamps import rfc3339_seconds
 
@@ -44,6 +44,7 @@ class NodeFacts:
     __slots__ = (
         "allocatable",
         "capacity_type",
+        "cpu_milli",
         "dra",
         "error",
         "heartbeat",
@@ -52,6 +53,7 @@ class NodeFacts:
         "model",
         "name",
         "product",
+        "ram_mib",
         "replicas",
         "zone",
     )
@@ -69,6 +71,8 @@ class NodeFacts:
         heartbeat: float | None = None,
         replicas: int = 1,
         dra: bool = False,
+        cpu_milli: int | None = None,
+        ram_mib: int | None = None,
         error: str | None = None,
     ) -> None:
         self.name = name
@@ -84,6 +88,9 @@ class NodeFacts:
         self.replicas = replicas
         #: True when the GPUs come from a DRA driver's ResourceSlices.
         self.dra = dra
+        #: Allocatable CPU (millicores) and memory (MiB) of the node; None: unknown.
+        self.cpu_milli = cpu_milli
+        self.ram_mib = ram_mib
         #: Why the Node object could not be read (a field of the wrong type): the
         #: node then fails every pod with this reason.
         self.error = error
@@ -149,6 +156,7 @@ def _node_facts(name: str, meta: Mapping[str, Any], node: Mapping[str, Any]) -> 
     label(contract.LABEL_KARPENTER_CAPACITY_TYPE)
     replicas = _replicas(label(contract.LABEL_GPU_REPLICAS))
     memory = contract.node_gpu_memory_mib(labels)
+    allocatable_map = object_at(status, "allocatable", "status.allocatable")
     return NodeFacts(
         name,
         min(allocatable, MAX_GPUS),
@@ -159,7 +167,33 @@ def _node_facts(name: str, meta: Mapping[str, Any], node: Mapping[str, Any]) -> 
         zone=_opt_intern(label(contract.LABEL_ZONE)),
         heartbeat=rfc3339_seconds(heartbeat),
         replicas=replicas,
+        cpu_milli=_milli(allocatable_map.get("cpu")),
+        ram_mib=_mib(allocatable_map.get("memory")),
     )
+
+
+#: Larger CPU or memory figures are clamped (a node never has 2**40 cores or MiB).
+MAX_RESOURCE = 1 << 40
+
+
+def _clamp(value: int) -> int:
+    return 0 if value < 0 else min(value, MAX_RESOURCE)
+
+
+def _milli(value: Any) -> int | None:
+    """A CPU quantity in millicores; None when absent or unreadable (it only informs
+    a preference, so a bad value must not fail the node)."""
+    try:
+        return None if value is None else _clamp(int(parse_quantity(value) * 1000))
+    except QuantityError:
+        return None
+
+
+def _mib(value: Any) -> int | None:
+    try:
+        return None if value is None else _clamp(int(parse_quantity(value)) >> 20)
+    except QuantityError:
+        return None
 
 
 def _replicas(value: str | None) -> int:
@@ -182,6 +216,8 @@ class PodFacts:
     spot: str | None = None
     group: str | None = None
     error: str | None = None  # an annotation we cannot honour: every node fails with it
+    cpu_milli: int = 0  # requests, as kube-scheduler sums them
+    ram_mib: int = 0
 
     @property
     def key(self) -> str:
@@ -266,6 +302,7 @@ def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> Pod
         spot = "avoid"
 
     group = annotation(contract.ANN_GROUP) or None
+    cpu_milli, ram_mib = contract.pod_cpu_memory(pod.get("spec"))
     return PodFacts(
         namespace=namespace,
         name=name,
@@ -276,4 +313,6 @@ def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> Pod
         spot=spot,
         group=group,
         error="; ".join(errors) or None,
+        cpu_milli=cpu_milli,
+        ram_mib=ram_mib,
     )

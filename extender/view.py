@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from extender.model import NodeFacts
+from extender.workload import MixEntry
 
 EMPTY: Mapping[Any, Any] = MappingProxyType({})
 
@@ -25,11 +26,14 @@ class View:
     __slots__ = (
         "age",
         "beats",
+        "cpu_used",
         "groups",
         "knows_usage",
+        "mix",
         "nodes",
         "pods",
         "pressure",
+        "ram_used",
         "stale",
         "time",
         "used",
@@ -41,6 +45,9 @@ class View:
         *,
         nodes: Mapping[str, NodeFacts] = EMPTY,
         used: Mapping[str, int] = EMPTY,
+        cpu_used: Mapping[str, int] = EMPTY,
+        ram_used: Mapping[str, int] = EMPTY,
+        mix: tuple[MixEntry, ...] = (),
         groups: Mapping[tuple[str, str], Mapping[str, int]] = EMPTY,
         pressure: Mapping[str, float] = EMPTY,
         beats: Sequence[float] = (),
@@ -55,6 +62,11 @@ class View:
         self.nodes = nodes
         #: GPUs requested by the pods bound to each node (absent: none).
         self.used = used
+        #: CPU (millicores) and memory (MiB) requested by the GPU pods bound to each node.
+        self.cpu_used = cpu_used
+        self.ram_used = ram_used
+        #: The shapes of the bound GPU pods, most common first (extender.workload).
+        self.mix = mix
         #: (namespace, group) -> node -> pods of that placement group bound there.
         self.groups = groups
         self.pressure = pressure

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from extender.config import ExtenderConfig
 from extender.policies.base import ClusterView, Failure, Policy
+from extender.policies.fragmentation import FragmentationPolicy
 from extender.policies.gpu import GpuPolicy
 from extender.policies.heartbeat import HeartbeatPolicy
 from extender.policies.scarcity import ScarcityPolicy
@@ -17,6 +18,7 @@ REGISTRY: dict[str, Callable[[ExtenderConfig], Policy]] = {
     "spot": lambda cfg: SpotPolicy(),
     "zone": lambda cfg: ZonePolicy(),
     "scarcity": lambda cfg: ScarcityPolicy(),
+    "fragmentation": lambda cfg: FragmentationPolicy(),
     "heartbeat": lambda cfg: HeartbeatPolicy(cfg.heartbeat_window_seconds),
 }
 

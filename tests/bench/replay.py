@@ -84,6 +84,7 @@ class ReplayResult:
     allocated: int = 0
     demand: int = 0  # GPUs asked for by pods pending or running
     samples: list[tuple[float, float, float]] = field(default_factory=list)  # t, alloc, demand
+    infeasible: int = 0  # tasks set apart: they fit no node of the empty cluster
 
     def arrive(self, task: Task, now: float) -> None:
         self.pending[task.name] = task

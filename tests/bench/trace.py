@@ -134,7 +134,7 @@ def node_labels(node: TraceNode) -> dict[str, str]:
 
 
 def node_manifest(node: TraceNode) -> dict[str, Any]:
-    from gpu_scheduler.localcluster import node_object
+    from lab.kubelet_shim import node_object
 
     return node_object(
         node.name,
@@ -206,6 +206,7 @@ class FillResult:
     allocated: int = 0
     curve: list[tuple[int, float]] = field(default_factory=list)  # (submitted, share)
     stopped_early: bool = False
+    infeasible: int = 0  # tasks set apart: they fit no node of the empty cluster
 
     @property
     def final_share(self) -> float:

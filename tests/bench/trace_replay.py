@@ -1,8 +1,9 @@
 """Placement quality on the openb production trace: three schedulers side by side.
 
     .venv/bin/python tests/bench/trace_replay.py --pods openb_pod_list_default.csv \\
-        [--mode fill|replay] [--scale 1.0] [--seed 7] [--write-docs]
+        [--mode fill|replay|sample] [--scale 1.0] [--seed 7] [--write-docs]
         [--compress 5000] [--speedup 2] [--patience 120]    # replay only
+        [--seeds 42,43,44] [--share 1.3] [--variants NAME:WEIGHTS;...]  # sample only
 
 Builds the trace's cluster (1,523 nodes, 6,212 GPUs at full scale) as Node objects in
 the local control plane, then, in one invocation and on that same cluster, replays the
@@ -23,6 +24,16 @@ replay: arrivals in trace order with their gaps divided by --compress, each boun
         allocation over time, pending time of GPU pods (p50/p99), failed pods by size.
         The trace's own times carry ~1% of the cluster's GPUs, hence --compress; see
         tests/bench/replay.py. Files without times (multigpu20) run in fill mode only.
+sample: the FGD paper's protocol (tests/bench/sampling.py): per seed, tasks drawn at
+        random with replacement until they ask for --share of the cluster's GPUs,
+        submitted in that order, each waited for, none leaving, a failed pod deleted;
+        GPU allocation at 50/75/90/100/110/130% arrived, at the first failure,
+        fragmentation at 90% arrived; median and range over the seeds. --variants
+        runs our profile once per extender weight set (e.g.
+        "binpack:gpu=3,scarcity=6;fgd:fragmentation=10,gpu=0,scarcity=0").
+
+In every mode, tasks that fit no node type of the empty cluster are set apart up
+front: never submitted, never a failure (tests/bench/sampling.py).
 """
 
 from __future__ import annotations
@@ -46,9 +57,19 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from gpu_scheduler.kube import watch_events  # noqa: E402
-from gpu_scheduler.localcluster import LocalCluster  # noqa: E402
-from gpu_scheduler.stack import DEFAULT_SCHEDULER_CONFIG, bare_stack, scheduler_config  # noqa: E402
+from lab.controlplane import LocalCluster  # noqa: E402
+from lab.stack import DEFAULT_SCHEDULER_CONFIG, bare_stack, scheduler_config  # noqa: E402
 from tests.bench.replay import Arrival, ReplayResult, replay_schedule  # noqa: E402
+from tests.bench.sampling import (  # noqa: E402
+    FRAGMENTATION_AT,
+    LEVELS,
+    NodeState,
+    SampleResult,
+    draw,
+    fragmentation,
+    split_feasible,
+    task_classes,
+)
 from tests.bench.trace import (  # noqa: E402
     FillResult,
     Task,
@@ -220,6 +241,51 @@ def run_fill(
     return result
 
 
+def run_sample(
+    cluster: LocalCluster,
+    core: Any,
+    name: str,
+    config: dict[str, Any],
+    tasks: list[Task],
+    nodes: list[TraceNode],
+    classes: list[Any],
+    seed: int,
+    *,
+    ours: bool,
+) -> SampleResult:
+    """The drawn tasks in order, each waited for (bound or unschedulable; a failed pod
+    is deleted), none leaving. CPU-only draws are not submitted: GPU nodes are tainted,
+    so they cannot touch a GPU node and change no GPU figure."""
+    scheduler = config["profiles"][0]["schedulerName"]
+    total = sum(n.gpus for n in nodes)
+    result = SampleResult(name, seed, total)
+    states = {
+        n.name: NodeState(n.model, n.gpus, n.cpu_milli, n.memory_mib) for n in nodes if n.gpus
+    }
+    started = time.monotonic()
+    with scheduler_watched(cluster, core, name, config) as outcomes:
+        for i, task in enumerate(t for t in tasks if t.gpus):
+            core.create_namespaced_pod(NAMESPACE, pod_manifest(task, scheduler, ours=ours))
+            kind, detail, _ = outcomes.wait(task.name, 60)
+            model = None
+            if kind == "bound" and detail in states:
+                states[detail].take(task)
+                model = states[detail].model
+            elif kind != "bound":
+                core.delete_namespaced_pod(task.name, NAMESPACE, grace_period_seconds=0)
+            result.record(task, model)
+            if result.fragmentation is None and result.arrived >= FRAGMENTATION_AT * total:
+                result.fragmentation = fragmentation(states.values(), classes)
+            if (i + 1) % 1000 == 0:
+                print(
+                    f"  {name} seed {seed}: {i + 1} GPU tasks, "
+                    f"{result.arrived / total:.0%} arrived, {result.allocated / total:.1%} "
+                    f"allocated, {result.gpu_failed} failed, {time.monotonic() - started:.0f}s",
+                    flush=True,
+                )
+    return result
+
+
 def run_replay(
     cluster: LocalCluster,
     core: Any,
@@ -332,6 +398,7 @@ def fill_table(results: list[FillResult]) -> str:
         ["/".join(str(r.failed_by_size.get(s, 0)) for s in (1, 2, 4, 8)) for r in results],
     )
     row("model-constraint violations", [str(r.constraint_violations) for r in results])
+    row("tasks set apart as infeasible", [str(r.infeasible) for r in results])
     return "\n".join(rows)
 
 
@@ -345,6 +412,19 @@ def repeat_row(runs: dict[str, list[FillResult]]) -> str:
         + " | ".join(spread(rs) for rs in runs.values())
         + " |"
     )
+
+
+def _finish(fig, ax, title: str, path: Path, legend_size: int | None = None) -> None:  # type: ignore[no-untyped-def]
+    """Title, grid and legend; the figure written to ``path`` and closed."""
+    import matplotlib.pyplot as plt
+
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def plot_fill(results: list[FillResult], title: str, path: Path) -> None:
@@ -364,13 +444,7 @@ def plot_fill(results: list[FillResult], title: str, path: Path) -> None:
                 ax.scatter([first], [100 * r.first_failure_share], s=18)
     ax.set_xlabel("pods submitted (arrival order)")
     ax.set_ylabel("cluster GPUs allocated (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    _finish(fig, ax, title, path)
 
 
 def replay_table(results: list[ReplayResult], arrival_end: float) -> str:
@@ -397,6 +471,7 @@ def replay_table(results: list[ReplayResult], arrival_end: float) -> str:
         ["/".join(str(r.failed_by_size.get(s, 0)) for s in (1, 2, 4, 8)) for r in results],
     )
     row("model-constraint violations", [str(r.constraint_violations) for r in results])
+    row("tasks set apart as infeasible", [str(r.infeasible) for r in results])
     return "\n".join(rows)
 
 
@@ -424,13 +499,83 @@ def plot_replay(results: list[ReplayResult], title: str, path: Path) -> None:
         )
     ax.set_xlabel("seconds into the replay")
     ax.set_ylabel("cluster GPUs (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    _finish(fig, ax, title, path, legend_size=8)
+
+
+def _spread(values: list[float], fmt: str = "{:.1%}") -> str:
+    """median [min-max] of the seeds' values."""
+    if not values:
+        return "-"
+    low, mid, high = min(values), statistics.median(values), max(values)
+    if len(values) == 1:
+        return fmt.format(mid)
+    return f"{fmt.format(mid)} [{fmt.format(low)} to {fmt.format(high)}]"
+
+
+def sample_table(runs: dict[str, list[SampleResult]]) -> str:
+    names = list(runs)
+    rows = ["| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+
+    def row(label: str, cell) -> None:  # type: ignore[no-untyped-def]
+        rows.append(f"| {label} | " + " | ".join(cell(runs[n]) for n in names) + " |")
+
+    for level in LEVELS:
+        row(
+            f"GPUs allocated at {level:.0%} arrived",
+            lambda rs, lv=level: _spread([v for r in rs if (v := r.at_level(lv)) is not None]),
+        )
+    row(
+        "GPUs allocated at the first failure",
+        lambda rs: _spread([r.first_failure_or_end for r in rs]),
+    )
+    row(
+        f"fragmented GPUs at {FRAGMENTATION_AT:.0%} arrived (% of free GPUs)",
+        lambda rs: (
+            _spread([r.fragmentation[0] for r in rs if r.fragmentation], "{:.0f}")
+            + " ("
+            + _spread([r.fragmentation[1] for r in rs if r.fragmentation], "{:.0%}")
+            + ")"
+        ),
+    )
+    row(
+        "failed GPU pods by size (1/2/4/8), median",
+        lambda rs: "/".join(
+            f"{statistics.median(r.failed_by_size.get(s, 0) for r in rs):g}" for s in (1, 2, 4, 8)
+        ),
+    )
+    row(
+        "model-constraint violations, all seeds",
+        lambda rs: str(sum(r.constraint_violations for r in rs)),
+    )
+    return "\n".join(rows)
+
+
+def plot_sample(runs: dict[str, list[SampleResult]], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = [i / 100 for i in range(0, 131)]
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    for name, rs in runs.items():
+        curves = [[100 * (r.at_level(x) or 0.0) for x in grid] for r in rs]
+        median = [statistics.median(c[i] for c in curves) for i in range(len(grid))]
+        (line,) = ax.plot([100 * x for x in grid], median, label=name, linewidth=1.6)
+        if len(rs) > 1:
+            ax.fill_between(
+                [100 * x for x in grid],
+                [min(c[i] for c in curves) for i in range(len(grid))],
+                [max(c[i] for c in curves) for i in range(len(grid))],
+                color=line.get_color(),
+                alpha=0.15,
+            )
+    ax.plot([0, 100, 130], [0, 100, 100], color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("GPUs asked for by arrived tasks (% of the cluster's)")
+    ax.set_ylabel("GPUs allocated (% of the cluster's)")
+    ax.set_xlim(40, 130)
+    ax.set_ylim(40, 101)
+    _finish(fig, ax, title, path, legend_size=8)
 
 
 def write_docs(section: str, key: str) -> None:
@@ -452,7 +597,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", default="openb_pod_list_default.csv", help="trace task file")
     parser.add_argument("--nodes", default="openb_node_list_all_node.csv", help="trace node file")
-    parser.add_argument("--mode", choices=("fill", "replay"), default="fill")
+    parser.add_argument("--mode", choices=("fill", "replay", "sample"), default="fill")
     parser.add_argument("--scale", type=float, default=1.0, help="sample nodes and tasks")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
@@ -471,6 +616,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--repeat", type=int, default=1, help="fill: run each scheduler N times (ties are random)"
     )
+    parser.add_argument(
+        "--seeds", default="42,43,44", help="sample: the seeds of the draws (comma list)"
+    )
+    parser.add_argument(
+        "--share", type=float, default=1.3, help="sample: draw until tasks ask this x the GPUs"
+    )
+    parser.add_argument(
+        "--variants",
+        default="",
+        help="sample: our profile once per extender weight set, NAME:policy=w,...;NAME:...",
+    )
     parser.add_argument("--write-docs", action="store_true", help="table + plot into docs/")
     return parser.parse_args(argv)
 
@@ -485,7 +641,11 @@ def run(opts: argparse.Namespace) -> list[Any]:
     nodes: list[TraceNode] = sample(
         load_nodes(trace / opts.nodes), opts.scale, opts.seed, key=lambda n: n.model
     )
-    tasks: list[Task] = sample(load_tasks(trace / opts.pods), opts.scale, opts.seed)
+    if opts.mode == "sample":
+        return run_samples(opts, nodes, load_tasks(trace / opts.pods))
+    tasks, apart = split_feasible(
+        sample(load_tasks(trace / opts.pods), opts.scale, opts.seed), nodes
+    )
     total_gpus = sum(n.gpus for n in nodes)
     model_of = {n.name: n.model for n in nodes if n.gpus}
     names = [s for s in opts.schedulers.split(",") if s]
@@ -498,7 +658,8 @@ def run(opts: argparse.Namespace) -> list[Any]:
         arrivals = replay_schedule(tasks, opts.compress, opts.speedup)
     print(
         f"{opts.pods}: {len(nodes)} nodes ({total_gpus} GPUs), {len(tasks)} tasks "
-        f"({sum(1 for t in tasks if t.gpus)} GPU), mode {opts.mode}, scale {opts.scale}"
+        f"({sum(1 for t in tasks if t.gpus)} GPU; {len(apart)} infeasible set apart), "
+        f"mode {opts.mode}, scale {opts.scale}"
         + (f", arrivals over {arrivals[-1].at:.0f}s" if arrivals else ""),
         flush=True,
     )
@@ -536,10 +697,14 @@ def run(opts: argparse.Namespace) -> list[Any]:
                     f"{time.monotonic() - started:.0f}s",
                     flush=True,
                 )
+            result.infeasible = len(apart)
             results.append(result)
             clear_pods(core, stack.extender_port)
     stem = Path(opts.pods).stem.replace("openb_pod_list_", "")
-    size = f"{len(nodes)} nodes, {total_gpus} GPUs, {len(tasks)} tasks"
+    size = (
+        f"{len(nodes)} nodes, {total_gpus} GPUs, {len(tasks)} tasks "
+        f"({len(apart)} more set apart as infeasible)"
+    )
     when = time.strftime("%Y-%m-%d %H:%M")
     if opts.mode == "fill":
         runs = {n: [r for r in results if r.scheduler == n] for n in names}
@@ -599,6 +764,106 @@ def run(opts: argparse.Namespace) -> list[Any]:
                 f"{table}\n\n![GPU allocation over the replay]({png.name})\n",
                 f"replay-{variant}",
             )
+    return results
+
+
+def parse_variants(text: str) -> list[tuple[str, dict[str, Any] | None]]:
+    """``NAME:policy=w,...;...`` -> [(label, extender config)]; none: our defaults."""
+    if not text.strip():
+        return [("gpu-scheduler", None)]
+    variants = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        label, _, spec = item.partition(":")
+        weights = {}
+        for pair in filter(None, spec.split(",")):
+            policy, _, weight = pair.partition("=")
+            weights[policy.strip()] = int(weight)
+        variants.append((f"gpu-scheduler[{label.strip()}]", {"weights": weights}))
+    return variants
+
+
+def run_samples(
+    opts: argparse.Namespace, nodes: list[TraceNode], all_tasks: list[Task]
+) -> list[SampleResult]:
+    """Sample mode: every seed's draw under every scheduler (and variant of ours), on
+    one cluster, one after the other; tables and plot over the seeds."""
+    tasks, apart = split_feasible(all_tasks, nodes)
+    classes = task_classes(tasks)
+    total_gpus = sum(n.gpus for n in nodes)
+    seeds = [int(x) for x in opts.seeds.split(",") if x.strip()]
+    names = [s for s in opts.schedulers.split(",") if s]
+    variants = parse_variants(opts.variants)
+    print(
+        f"{opts.pods}: {len(nodes)} nodes ({total_gpus} GPUs), {len(tasks)} feasible tasks "
+        f"({len(apart)} set apart), mode sample, share {opts.share:g}, seeds {seeds}, "
+        f"scale {opts.scale}",
+        flush=True,
+    )
+    results: list[SampleResult] = []
+    with bare_stack("trace-sample-") as (stack, core):
+        cluster = stack.cluster
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda n: core.create_node(node_manifest(n)), nodes))
+        stack.start_extender()
+        configs = scheduler_configs(f"http://127.0.0.1:{stack.extender_port}")
+        current: dict[str, Any] | None = None
+        for seed in seeds:
+            drawn = draw(tasks, total_gpus, opts.share, seed)
+            for name in names:
+                for label, extender in variants if name == "gpu-scheduler" else [(name, None)]:
+                    if name == "gpu-scheduler" and extender != current:
+                        cluster.stop_process("extender")
+                        stack.start_extender(extender)
+                        current = extender
+                    started = time.monotonic()
+                    result = run_sample(
+                        cluster,
+                        core,
+                        label,
+                        configs[name],
+                        drawn,
+                        nodes,
+                        classes,
+                        seed,
+                        ours=name == "gpu-scheduler",
+                    )
+                    result.infeasible = len(apart)
+                    results.append(result)
+                    print(
+                        f"  {label} seed {seed}: at 100% arrived "
+                        f"{result.at_level(1.0) or 0:.1%}, first failure "
+                        f"{result.first_failure_or_end:.1%}, {time.monotonic() - started:.0f}s",
+                        flush=True,
+                    )
+                    clear_pods(core, stack.extender_port)
+    runs: dict[str, list[SampleResult]] = {}
+    for r in results:
+        runs.setdefault(r.scheduler, []).append(r)
+    table = sample_table(runs)
+    print()
+    print(table)
+    if opts.write_docs:
+        stem = Path(opts.pods).stem.replace("openb_pod_list_", "")
+        variant = "" if not opts.variants else "-variants"
+        png = ROOT / "docs" / f"trace-sample-{stem}{variant}.png"
+        plot_sample(runs, f"openb {stem}, sample mode, seeds {opts.seeds}", png)
+        command = (
+            f"python tests/bench/trace_replay.py --pods {opts.pods} --mode sample "
+            f"--scale {opts.scale} --seeds {opts.seeds} --share {opts.share:g}"
+            + (f" --schedulers {opts.schedulers}" if names != list(SCHEDULERS) else "")
+            + (f' --variants "{opts.variants}"' if opts.variants else "")
+            + " --write-docs"
+        )
+        write_docs(
+            f"### {stem}, sample, scale {opts.scale}, seeds {opts.seeds}"
+            + (" (weight variants)" if variant else "")
+            + f"\n\n```sh\n{command}\n```\n\n"
+            f"{len(nodes)} nodes, {total_gpus} GPUs; {len(tasks)} feasible tasks to draw "
+            f"from ({len(apart)} set apart as infeasible); run "
+            f"{time.strftime('%Y-%m-%d %H:%M')}. Median over the seeds [range].\n\n"
+            f"{table}\n\n![GPU allocation against GPUs arrived]({png.name})\n",
+            f"sample-{stem}{variant}",
+        )
     return results
 
 

@@ -255,7 +255,7 @@ def test_node_facts_without_a_name_raise():
             node_facts(bad)
     with pytest.raises(FieldError):
         node_facts({"metadata": {"name": "x" * 254}})
-    assert node_facts(make_node("x")) == NodeFacts("x", 0, zone=None)
+    assert node_facts(make_node("x")) == NodeFacts("x", 0, cpu_milli=32000, ram_mib=262144)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,149 @@
+"""The fragmentation policy (FGD adapted to whole GPUs, CPU and memory) and the
+workload mix it plans for."""
+
+from __future__ import annotations
+
+import pytest
+
+from extender.cache import ClusterCache
+from extender.model import NodeFacts, PodFacts
+from extender.policies.fragmentation import FragmentationPolicy
+from extender.view import View
+from extender.workload import MAX_SHAPES, MixEntry, TaskShape, task_shape, workload_mix
+from gpu_scheduler import contract
+from tests.factories import make_node, make_pod
+
+ANY_1 = TaskShape(1, 4000, 8192, None)
+ANY_8 = TaskShape(8, 32000, 65536, None)
+
+
+def view(nodes, used=None, cpu=None, ram=None, mix=()):
+    return View(
+        nodes={n.name: n for n in nodes},
+        used=used or {},
+        cpu_used=cpu or {},
+        ram_used=ram or {},
+        mix=tuple(mix),
+        knows_usage=True,
+    )
+
+
+def node(name, gpus=8, model="G2", cpu=96000, ram=393216):
+    return NodeFacts(name, gpus, labelled_gpu=True, product=model, cpu_milli=cpu, ram_mib=ram)
+
+
+def pod(gpus=1, cpu=4000, ram=8192):
+    return PodFacts("default", "p", gpus, cpu_milli=cpu, ram_mib=ram)
+
+
+def scores(nodes, v, p=None):
+    policy = FragmentationPolicy()
+    state = policy.pre_score(p or pod(), v)
+    assert state is not None
+    return policy.score_all(state, nodes, v)
+
+
+def test_shapes_round_up_to_a_coarse_grid():
+    assert task_shape(1, 3152, 810, None) == TaskShape(1, 4000, 4096, None)
+    assert task_shape(8, 120000, 737280, ("G2",)) == TaskShape(8, 120000, 737280, ("G2",))
+    assert task_shape(2, 16001, 65537, None) == TaskShape(2, 20000, 81920, None)
+    assert task_shape(1, 0, 0, None) == TaskShape(1, 0, 0, None)
+
+
+def test_the_mix_keeps_the_common_shapes_and_their_shares():
+    counts = {ANY_1: 60, ANY_8: 38, TaskShape(2, 1000, 4096, None): 2}
+    mix = workload_mix(counts)
+    assert [e.shape for e in mix] == [ANY_1, ANY_8]  # 98 of 100 pods: 95% covered
+    assert sum(e.share for e in mix) == pytest.approx(1.0)
+    assert mix[0].share == pytest.approx(60 / 98)
+    many = {TaskShape(1, 1000 * i, 4096, None): 1 for i in range(1, 100)}
+    assert len(workload_mix(many)) == MAX_SHAPES
+    assert workload_mix({}) == ()
+
+
+def test_a_one_gpu_pod_goes_where_it_strands_nothing():
+    # Half the pods take 1 GPU, half take 8: an empty node must stay whole.
+    mix = [MixEntry(ANY_1, 0.5), MixEntry(ANY_8, 0.5)]
+    empty, partial = node("empty"), node("partial")
+    v = view([empty, partial], used={"partial": 6}, mix=mix)
+    s_empty, s_partial = scores([empty, partial], v)
+    # empty: 0 fragmented before, 7 free GPUs no 8-GPU pod can use after: -3.5
+    assert s_empty == pytest.approx(-3.5)
+    # partial: 2 free (fragmented for the 8-GPU half: 1.0) -> 1 free (0.5): +0.5
+    assert s_partial == pytest.approx(0.5)
+
+
+def test_cpu_beside_the_gpus_counts():
+    # Two nodes with 2 free GPUs; on one, the pod would take the CPU that the common
+    # 1-GPU pods need beside the last free GPU.
+    mix = [MixEntry(TaskShape(1, 8000, 8192, None), 1.0)]
+    roomy, tight = node("roomy"), node("tight")
+    v = view(
+        [roomy, tight],
+        used={"roomy": 6, "tight": 6},
+        cpu={"roomy": 0, "tight": 96000 - 16000},  # 16 cores left on tight
+        mix=mix,
+    )
+    s_roomy, s_tight = scores([roomy, tight], v, pod(1, cpu=12000))
+    assert s_roomy == pytest.approx(0.0)  # 1 GPU and plenty of CPU left: still usable
+    assert s_tight == pytest.approx(-1.0)  # 1 GPU left with 4 cores: fragmented
+    assert s_roomy > s_tight
+
+
+def test_products_restricted_demand_keeps_a_scarce_model_free():
+    # 60% of the pods can only run on T4: an unrestricted pod should use the V100.
+    mix = [MixEntry(TaskShape(1, 1000, 4096, ("T4",)), 0.6), MixEntry(ANY_1, 0.4)]
+    t4, v100 = node("t4", 2, "T4"), node("v100", 2, "V100M16")
+    s_t4, s_v100 = scores([t4, v100], view([t4, v100], mix=mix), pod(1, 1000, 4096))
+    assert s_t4 == pytest.approx(0.0)
+    assert s_v100 == pytest.approx(0.6)  # 2 x 0.6 fragmented before, 1 x 0.6 after
+
+
+def test_unknown_cpu_and_memory_do_not_limit():
+    mix = [MixEntry(TaskShape(1, 8000, 8192, None), 1.0)]
+    unknown = NodeFacts("u", 8, labelled_gpu=True, product="G2")
+    (score,) = scores([unknown], view([unknown], mix=mix), pod(1, cpu=10**9, ram=10**9))
+    assert score == pytest.approx(0.0)
+
+
+def test_it_abstains_without_gpus_usage_or_mix():
+    policy = FragmentationPolicy()
+    mix = (MixEntry(ANY_1, 1.0),)
+    assert policy.pre_score(pod(0), view([], mix=mix)) is None
+    assert policy.pre_score(pod(), view([])) is None  # nothing bound yet: no mix
+    assert policy.pre_score(pod(), View(mix=mix)) is None  # args mode: usage unknown
+
+
+def test_the_cache_keeps_cpu_memory_and_the_mix_of_bound_gpu_pods():
+    cache = ClusterCache()
+    cache.replace_nodes([make_node("a", 8, product="G2"), make_node("b", 8, product="T4")])
+    restricted = {contract.ANN_GPU_PRODUCTS: "T4"}
+    cache.pod_event("ADDED", make_pod("p1", 1, node="a", phase="Running"))
+    cache.pod_event("ADDED", make_pod("p2", 1, node="a", phase="Running"))
+    cache.pod_event("ADDED", make_pod("p3", 2, node="b", phase="Running", annotations=restricted))
+    cache.pod_event("ADDED", make_pod("cpu", 0, node="b", phase="Running"))
+    v = cache.view()
+    assert dict(v.cpu_used) == {"a": 2000, "b": 1000}  # the CPU pod is not a GPU pod
+    assert dict(v.ram_used) == {"a": 2048, "b": 1024}
+    assert v.nodes["a"].cpu_milli == 32000 and v.nodes["a"].ram_mib == 262144
+    assert [(e.shape, round(e.share, 3)) for e in v.mix] == [
+        (TaskShape(1, 1000, 4096, None), 0.667),
+        (TaskShape(2, 1000, 4096, ("T4",)), 0.333),
+    ]
+    cache.pod_event("DELETED", make_pod("p3", 2, node="b"))
+    v = cache.view()
+    assert dict(v.cpu_used) == {"a": 2000} and len(v.mix) == 1
+    # A relist gives the same totals as the events did.
+    cache.replace_pods(
+        [make_pod("p1", 1, node="a", phase="Running"), make_pod("p2", 1, node="a", phase="Running")]
+    )
+    again = cache.view()
+    assert dict(again.cpu_used) == dict(v.cpu_used) and again.mix == v.mix
+
+
+def test_the_registry_and_the_default_weights_include_it():
+    from extender.config import DEFAULT_WEIGHTS
+    from extender.policies import REGISTRY
+
+    assert "fragmentation" in REGISTRY
+    assert DEFAULT_WEIGHTS.get("fragmentation", 0) > 0
