@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -84,12 +85,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--node-name (or $NODE_NAME) is required unless --dry-run")
 
     import logging
-    import signal
     import threading
 
-    from agent.inventory import Backend, FakeBackend, InventoryError, NvmlBackend
-    from agent.kubeapi import ApiError, KubeNodeApi
-    from agent.loop import Agent, AgentConfig
+    from agent.inventory import Backend, FakeBackend, NvmlBackend
+    from agent.loop import AgentConfig
 
     log = logging.getLogger("gpu_scheduler.agent")
     if heartbeat < interval:
@@ -107,28 +106,59 @@ def run(args: argparse.Namespace) -> int:
         gfd_labels=args.gfd_labels,
     )
     stop = threading.Event()
-
     if args.once:
-        agent = Agent(config, backend, None, stop=stop)
-        try:
-            inventory = agent.read_inventory()
-        except InventoryError as exc:
-            return _fail(f"cannot read the GPUs: {exc}", 1)
-        if args.dry_run:
-            import json
+        return _run_once(args, config, backend, stop, timeout)
+    return _run_forever(args, config, backend, stop, timeout, log)
 
-            print(json.dumps(agent.desired(inventory).as_json(), indent=2), flush=True)
-            return 0
-        from kubernetes.config import ConfigException
 
-        try:
-            agent.api = KubeNodeApi.from_kubeconfig(args.kubeconfig, timeout)
-            agent.sync_once(inventory)
-        except ConfigException as exc:
-            return _fail(f"no Kubernetes configuration: {exc}", 1)
-        except ApiError as exc:
-            return _fail(f"node {args.node_name}: {exc}", 1)
+def _node_api(args: argparse.Namespace, timeout: float) -> Any:
+    """The Kubernetes client for the Node, or a message why there is none."""
+    from kubernetes.config import ConfigException
+
+    from agent.kubeapi import KubeNodeApi
+
+    try:
+        return KubeNodeApi.from_kubeconfig(args.kubeconfig, timeout)
+    except ConfigException as exc:
+        return f"no Kubernetes configuration: {exc}"
+
+
+def _run_once(
+    args: argparse.Namespace, config: Any, backend: Any, stop: Any, timeout: float
+) -> int:
+    """``--once``: read, print (``--dry-run``) or write once, and exit."""
+    from agent.inventory import InventoryError
+    from agent.kubeapi import ApiError
+    from agent.loop import Agent
+
+    agent = Agent(config, backend, None, stop=stop)
+    try:
+        inventory = agent.read_inventory()
+    except InventoryError as exc:
+        return _fail(f"cannot read the GPUs: {exc}", 1)
+    if args.dry_run:
+        import json
+
+        print(json.dumps(agent.desired(inventory).as_json(), indent=2), flush=True)
         return 0
+    api = _node_api(args, timeout)
+    if isinstance(api, str):
+        return _fail(api, 1)
+    agent.api = api
+    try:
+        agent.sync_once(inventory)
+    except ApiError as exc:
+        return _fail(f"node {args.node_name}: {exc}", 1)
+    return 0
+
+
+def _run_forever(
+    args: argparse.Namespace, config: Any, backend: Any, stop: Any, timeout: float, log: Any
+) -> int:
+    """The loop, with the ops server, until SIGTERM/SIGINT."""
+    import signal
+
+    from agent.loop import Agent
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("signal received; finishing the write in flight", extra={"signal": signum})
@@ -136,15 +166,11 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-
     api = None
     if not args.dry_run:
-        from kubernetes.config import ConfigException
-
-        try:
-            api = KubeNodeApi.from_kubeconfig(args.kubeconfig, timeout)
-        except ConfigException as exc:
-            return _fail(f"no Kubernetes configuration: {exc}", 1)
+        api = _node_api(args, timeout)
+        if isinstance(api, str):
+            return _fail(api, 1)
     agent = Agent(config, backend, api, stop=stop)
     server = None
     if args.port:
@@ -156,8 +182,8 @@ def run(args: argparse.Namespace) -> int:
         extra={
             "node": args.node_name,
             "backend": "fake:" + args.fake_gpus if args.fake_gpus else "nvml",
-            "interval_s": interval,
-            "heartbeat_interval_s": heartbeat,
+            "interval_s": config.interval_s,
+            "heartbeat_interval_s": config.heartbeat_interval_s,
             "capacity": args.capacity,
             "gfd_labels": args.gfd_labels,
             "dry_run": args.dry_run,

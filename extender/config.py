@@ -1,7 +1,7 @@
 """The extender's YAML configuration: policy weights and limits.
 
 ```yaml
-weights: {gpu: 4, spot: 4, zone: 15, scarcity: 7, fragmentation: 10}  # each scoring policy >= 1/10 of the sum
+weights: {gpu: 4, spot: 4, zone: 15, scarcity: 7, fragmentation: 10}  # each >= 1/10 of sum
 disabled: []                          # policy names to switch off (e.g. [heartbeat])
 defaultPlacement: binpack             # or spread; pods override with an annotation
 heartbeatWindow: 15m                  # agent silent longer -> no new GPU pods; 0 = off
@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extender.model import PLACEMENTS
+from extender.policies import REGISTRY
 from gpu_scheduler.configfile import checked_mapping, load_yaml_file
 from gpu_scheduler.durations import parse_duration
 
-SCORING_POLICIES = ("gpu", "spot", "zone", "scarcity", "fragmentation")
-KNOWN_POLICIES = (*SCORING_POLICIES, "heartbeat")
-DEFAULT_WEIGHTS = {"gpu": 4, "spot": 4, "zone": 15, "scarcity": 7, "fragmentation": 10}
+KNOWN_POLICIES = tuple(REGISTRY)
+SCORING_POLICIES = tuple(name for name, entry in REGISTRY.items() if entry.weight is not None)
+DEFAULT_WEIGHTS = {n: e.weight for n, e in REGISTRY.items() if e.weight is not None}
 MIN_BODY_BYTES = 64 << 20
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from extender.config import ExtenderConfig
 from extender.model import NodeFacts, PodFacts
@@ -50,8 +51,9 @@ def filter_nodes(
         state = policy.pre_filter(pod, view)
         if state is None:
             continue
-        suspects = getattr(policy, "suspects", None)
-        positions = suspects(state, known, view) if suspects else range(len(known))
+        positions = policy.suspects(state, known, view)
+        if positions is None:
+            positions = range(len(known))
         check = policy.filter
         for j in positions:
             before = verdicts.get(j)
@@ -93,8 +95,12 @@ def score_nodes(
     view: ClusterView,
     policies: Sequence[Policy],
     cfg: ExtenderConfig,
+    parts: dict[str, list[float]] | None = None,
 ) -> list[int]:
-    """Integer scores 0..10, one per node (0 for unknown and unreadable nodes)."""
+    """Integer scores 0..10, one per node (0 for unknown and unreadable nodes).
+
+    ``parts``, when given, receives each scoring policy's own 0..10 score per node
+    (before weighting; 0 for unknown nodes): what a placement explanation shows."""
     count = len(nodes)
     if pod.error is not None or count == 0:
         return [0] * count
@@ -113,26 +119,32 @@ def score_nodes(
             continue
         weight_sum += weight
         raw = policy.score_all(state, known, view)  # type: ignore[arg-type]
-        if getattr(policy, "absolute", False):  # already 0..1 on a fixed scale
-            top = weight * MAX_SCORE
-            totals = [t + top * v for t, v in zip(totals, raw, strict=True)]
-            continue
         low, high = min(raw), max(raw)
-        if high == low:
-            top = weight * MAX_SCORE
-            totals = [t + top for t in totals]
+        if policy.absolute:  # already 0..1 on a fixed scale
+            norm = [MAX_SCORE * v for v in raw]
+        elif high == low:
+            norm = [float(MAX_SCORE)] * len(raw)
         else:
-            scale = weight * MAX_SCORE / (high - low)
-            totals = [t + (v - low) * scale for t, v in zip(totals, raw, strict=True)]
+            unit = MAX_SCORE / (high - low)
+            norm = [(v - low) * unit for v in raw]
+        totals = [t + weight * v for t, v in zip(totals, norm, strict=True)]
+        if parts is not None:
+            parts[policy.name] = _placed(count, where, norm)
     if weight_sum == 0:
         return [0] * count
     # Half up, then clamp: floating error must never step outside 0..10.
     inverse = 1.0 / weight_sum
     scores = [int(t * inverse + 0.5) for t in totals]
     scores = [MAX_SCORE if s > MAX_SCORE else 0 if s < 0 else s for s in scores]
+    return _placed(count, where, scores, 0)
+
+
+def _placed(count: int, where: list[int], values: list[Any], missing: Any = 0.0) -> list[Any]:
+    """``values`` for the known nodes at their positions among all ``count`` (the
+    others get ``missing``)."""
     if len(where) == count:
-        return scores
-    result = [0] * count
-    for i, score in zip(where, scores, strict=True):
-        result[i] = score
-    return result
+        return values
+    out = [missing] * count
+    for i, value in zip(where, values, strict=True):
+        out[i] = value
+    return out

@@ -1,10 +1,14 @@
-"""The policy registry: adding a policy is one new module and one line in REGISTRY."""
+"""The policy registry: the one place that names the policies and their default
+weights. Adding a policy is one module (a :class:`Policy` subclass) and one line here;
+the configuration's known names and default weights come from this table.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from extender.config import ExtenderConfig
 from extender.policies.base import ClusterView, Failure, Policy
 from extender.policies.fragmentation import FragmentationPolicy
 from extender.policies.gpu import GpuPolicy
@@ -13,18 +17,33 @@ from extender.policies.scarcity import ScarcityPolicy
 from extender.policies.spot import SpotPolicy
 from extender.policies.zone import ZonePolicy
 
-REGISTRY: dict[str, Callable[[ExtenderConfig], Policy]] = {
-    "gpu": lambda cfg: GpuPolicy(),
-    "spot": lambda cfg: SpotPolicy(),
-    "zone": lambda cfg: ZonePolicy(),
-    "scarcity": lambda cfg: ScarcityPolicy(),
-    "fragmentation": lambda cfg: FragmentationPolicy(),
-    "heartbeat": lambda cfg: HeartbeatPolicy(cfg.heartbeat_window_seconds),
+if TYPE_CHECKING:
+    from extender.config import ExtenderConfig
+
+
+@dataclass(frozen=True)
+class Registration:
+    make: Callable[[ExtenderConfig], Policy]
+    #: Default weight of its score; None: it never scores (a filter only), and a weight
+    #: for it in the configuration is an error.
+    weight: int | None
+
+
+#: Name -> how to build it and its default weight. The weights were chosen on the
+#: openb trace's sample protocol (docs/BENCHMARKS.md, "Sample mode"); each must stay
+#: at least a tenth of their sum (extender.config).
+REGISTRY: dict[str, Registration] = {
+    "gpu": Registration(lambda cfg: GpuPolicy(), 4),
+    "spot": Registration(lambda cfg: SpotPolicy(), 4),
+    "zone": Registration(lambda cfg: ZonePolicy(), 15),
+    "scarcity": Registration(lambda cfg: ScarcityPolicy(), 7),
+    "fragmentation": Registration(lambda cfg: FragmentationPolicy(), 10),
+    "heartbeat": Registration(lambda cfg: HeartbeatPolicy(cfg.heartbeat_window_seconds), None),
 }
 
 
 def build_policies(cfg: ExtenderConfig) -> list[Policy]:
-    return [REGISTRY[name](cfg) for name in REGISTRY if name not in cfg.disabled]
+    return [entry.make(cfg) for name, entry in REGISTRY.items() if name not in cfg.disabled]
 
 
-__all__ = ["REGISTRY", "ClusterView", "Failure", "Policy", "build_policies"]
+__all__ = ["REGISTRY", "ClusterView", "Failure", "Policy", "Registration", "build_policies"]

@@ -6,9 +6,9 @@ per-node step reads, or ``None`` when the policy has nothing to say about this p
 (the framework's Skip), so the per-node loop never calls it.
 
 ``filter`` decides one node and words the reason: ``None`` or a :class:`Failure`.
-``suspects`` (optional) is its fast companion over all candidates at once: the
-positions of the nodes that *may* fail, a superset the engine then asks ``filter``
-about; without it every node is asked. ``score_all`` scores all candidates at once
+``suspects`` is its fast companion over all candidates at once: the positions of the
+nodes that *may* fail, a superset the engine then asks ``filter`` about; None (the
+default) asks about every node. ``score_all`` scores all candidates at once
 (any floats, higher is better); the engine normalises each policy's scores to 0..10
 over the candidates before weighting them. The batch forms exist because the
 extender runs on kube-scheduler's hot path: one comprehension over 5,000 nodes costs
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from extender.model import NodeFacts, PodFacts
 from extender.view import View
@@ -38,15 +38,33 @@ class Failure:
 ClusterView = View
 
 
-class Policy(Protocol):
+class Policy:
+    """The base of every policy: each extension point defaults to "nothing to say".
+
+    A policy overrides what it does: ``pre_filter`` + ``filter`` (and optionally
+    ``suspects``) to filter, ``pre_score`` + ``score_all`` to score. ``absolute``
+    True: its scores are already 0..1 on a fixed scale, not stretched min-max.
+    Its default weight and name are registered in :data:`extender.policies.REGISTRY`.
+    """
+
     name: ClassVar[str]
+    absolute: ClassVar[bool] = False
 
-    def pre_filter(self, pod: PodFacts, view: ClusterView) -> Any | None: ...
+    def pre_filter(self, pod: PodFacts, view: ClusterView) -> Any | None:
+        return None
 
-    def filter(self, state: Any, node: NodeFacts, view: ClusterView) -> Failure | None: ...
+    def filter(self, state: Any, node: NodeFacts, view: ClusterView) -> Failure | None:
+        return None
 
-    def pre_score(self, pod: PodFacts, view: ClusterView) -> Any | None: ...
-
-    def score_all(
+    def suspects(
         self, state: Any, nodes: Sequence[NodeFacts], view: ClusterView
-    ) -> list[float]: ...
+    ) -> Sequence[int] | None:
+        """The positions of the nodes that may fail (a superset), or None: ask
+        ``filter`` about every node."""
+        return None
+
+    def pre_score(self, pod: PodFacts, view: ClusterView) -> Any | None:
+        return None
+
+    def score_all(self, state: Any, nodes: Sequence[NodeFacts], view: ClusterView) -> list[float]:
+        raise NotImplementedError(f"{self.name} returned a score state but scores nothing")

@@ -23,12 +23,13 @@ a node with unknown allocatable CPU or memory is not limited by it.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from extender.model import NodeFacts, PodFacts
-from extender.policies.base import ClusterView
+from extender.policies.base import ClusterView, Policy
 from extender.workload import MixEntry
 
 UNLIMITED = 1 << 62
@@ -42,11 +43,8 @@ class _State:
     mix: tuple[MixEntry, ...]
 
 
-class FragmentationPolicy:
+class FragmentationPolicy(Policy):
     name: ClassVar[str] = "fragmentation"
-
-    def pre_filter(self, pod: PodFacts, view: ClusterView) -> None:
-        return None
 
     def pre_score(self, pod: PodFacts, view: ClusterView) -> _State | None:
         if pod.gpus == 0 or not view.knows_usage or not view.mix:
@@ -56,36 +54,62 @@ class FragmentationPolicy:
     def score_all(
         self, state: _State, nodes: Sequence[NodeFacts], view: ClusterView
     ) -> list[float]:
-        # Per product, the shapes allowed on it: (gpus, cpu, memory, share).
+        # Whether a shape fits depends on free CPU and memory only through where they
+        # fall among the shapes' own (gridded) sizes: key the memo by that position, so
+        # nodes in the same state share one evaluation.
+        cpu_levels = sorted({e.shape.cpu_milli for e in state.mix})
+        ram_levels = sorted({e.shape.ram_mib for e in state.mix})
+        # Per product, the shapes allowed on it: (gpus, cpu level, memory level, share).
         allowed: dict[str | None, list[tuple[int, int, int, float]]] = {}
         memo: dict[tuple[int, int, int, str | None], float] = {}
         used, cpu_used, ram_used = view.used.get, view.cpu_used.get, view.ram_used.get
 
         def fragmented(free: int, cpu: int, ram: int, model: str | None) -> float:
-            key = (free, cpu, ram, model)
+            if free <= 0:
+                return 0.0
+            key = (free, bisect_right(cpu_levels, cpu), bisect_right(ram_levels, ram), model)
             value = memo.get(key)
             if value is None:
                 shapes = allowed.get(model)
                 if shapes is None:
                     shapes = allowed[model] = [
-                        (e.shape.gpus, e.shape.cpu_milli, e.shape.ram_mib, e.share)
+                        (
+                            e.shape.gpus,
+                            bisect_left(cpu_levels, e.shape.cpu_milli),
+                            bisect_left(ram_levels, e.shape.ram_mib),
+                            e.share,
+                        )
                         for e in state.mix
                         if e.shape.products is None or model in e.shape.products
                     ]
+                _, cpu_at, ram_at, _ = key
                 fits = sum(
-                    share for g, c, r, share in shapes if g <= free and c <= cpu and r <= ram
+                    share for g, c, r, share in shapes if g <= free and c < cpu_at and r < ram_at
                 )
-                value = memo[key] = free * (1.0 - fits) if free > 0 else 0.0
+                value = memo[key] = free * (1.0 - fits)
             return value
 
-        scores = []
+        # A node's score depends only on its state: nodes alike (the same type, the
+        # same use) share one evaluation. The hot loop does one dict lookup for them.
+        by_state: dict[tuple[int, int, int, str | None], float] = {}
+        known = by_state.get
         want, cpu_want, ram_want = state.gpus, state.cpu_milli, state.ram_mib
+        scores = []
+        append = scores.append
         for node in nodes:
             name = node.name
-            free = node.allocatable - used(name, 0)
-            cpu = UNLIMITED if node.cpu_milli is None else node.cpu_milli - cpu_used(name, 0)
-            ram = UNLIMITED if node.ram_mib is None else node.ram_mib - ram_used(name, 0)
-            before = fragmented(free, cpu, ram, node.model)
-            after = fragmented(free - want, cpu - cpu_want, ram - ram_want, node.model)
-            scores.append(before - after)
+            cpu, ram = node.cpu_milli, node.ram_mib
+            key = (
+                node.allocatable - used(name, 0),
+                UNLIMITED if cpu is None else cpu - cpu_used(name, 0),
+                UNLIMITED if ram is None else ram - ram_used(name, 0),
+                node.model,
+            )
+            score = known(key)
+            if score is None:
+                free, cpu_free, ram_free, model = key
+                score = by_state[key] = fragmented(free, cpu_free, ram_free, model) - fragmented(
+                    free - want, cpu_free - cpu_want, ram_free - ram_want, model
+                )
+            append(score)
         return scores

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from extender.model import NodeFacts, PodFacts
-from extender.policies.base import ClusterView, Failure
+from extender.policies.base import ClusterView, Failure, Policy
 from gpu_scheduler import contract
 
 NO_GPUS = Failure(f"node has no GPUs (no allocatable {contract.RESOURCE_GPU})", True)
@@ -26,7 +26,7 @@ class _State:
     used: Mapping[str, int]
 
 
-class GpuPolicy:
+class GpuPolicy(Policy):
     name: ClassVar[str] = "gpu"
 
     def pre_filter(self, pod: PodFacts, view: ClusterView) -> _State | None:

@@ -30,7 +30,7 @@ from typing import ClassVar
 
 from extender import metrics
 from extender.model import NodeFacts, PodFacts
-from extender.policies.base import ClusterView, Failure
+from extender.policies.base import ClusterView, Failure, Policy
 from gpu_scheduler import contract
 
 log = logging.getLogger(__name__)
@@ -41,16 +41,13 @@ GUARD_SHARE = 0.5
 GUARD_MIN_SILENT = 2
 
 
-class HeartbeatPolicy:
+class HeartbeatPolicy(Policy):
     name: ClassVar[str] = "heartbeat"
 
     def __init__(self, window_seconds: float) -> None:
         self.window = window_seconds
         self._tripped: str | None = None
         self._lock = threading.Lock()
-
-    def pre_score(self, pod: PodFacts, view: ClusterView) -> None:
-        return None
 
     def pre_filter(self, pod: PodFacts, view: ClusterView) -> float | None:
         if pod.gpus == 0 or self.window <= 0:

@@ -17,17 +17,14 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from extender.model import NodeFacts, PodFacts
-from extender.policies.base import ClusterView
+from extender.policies.base import ClusterView, Policy
 
 
-class ScarcityPolicy:
+class ScarcityPolicy(Policy):
     name: ClassVar[str] = "scarcity"
     #: Scores are already on a fixed 0..1 scale: the engine must not stretch them
     #: min-max (two models nobody is restricted to would look far apart).
     absolute: ClassVar[bool] = True
-
-    def pre_filter(self, pod: PodFacts, view: ClusterView) -> None:
-        return None
 
     def pre_score(self, pod: PodFacts, view: ClusterView) -> dict[str, float] | None:
         if pod.gpus == 0 or pod.products is not None:

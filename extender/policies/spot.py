@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from extender.model import NodeFacts, PodFacts
-from extender.policies.base import ClusterView, Failure
+from extender.policies.base import ClusterView, Failure, Policy
 from gpu_scheduler import contract
 
 _LABELS = f"{contract.LABEL_EKS_CAPACITY_TYPE} / {contract.LABEL_KARPENTER_CAPACITY_TYPE}"
@@ -16,7 +16,7 @@ NOT_SPOT = Failure(
 IS_SPOT = Failure(f"node is spot capacity and the pod has {contract.ANN_SPOT}=forbid", True)
 
 
-class SpotPolicy:
+class SpotPolicy(Policy):
     """Pods say prefer|avoid|require|forbid; GPU pods avoid spot unless they say so.
 
     A node with neither label counts as on-demand.

@@ -6,27 +6,21 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from extender.model import NodeFacts, PodFacts
-from extender.policies.base import ClusterView
+from extender.policies.base import ClusterView, Policy
 
 
-class ZonePolicy:
+class ZonePolicy(Policy):
     """Pods sharing ``gpu-scheduler.io/group`` score nodes by how many of their group
-    already run in the node's zone (``topology.kubernetes.io/zone``). Soft: a group
-    whose zone is full still schedules elsewhere."""
+    already run in the node's zone (``topology.kubernetes.io/zone``). Soft: it never
+    filters, so a group whose zone is full still schedules elsewhere."""
 
     name: ClassVar[str] = "zone"
-
-    def pre_filter(self, pod: PodFacts, view: ClusterView) -> None:
-        return None  # soft: zone never filters
 
     def pre_score(self, pod: PodFacts, view: ClusterView) -> dict[str, int] | None:
         if pod.group is None:
             return None
         zones = view.group_zones(pod.namespace, pod.group)
         return zones or None
-
-    def filter(self, state: dict[str, int], node: NodeFacts, view: ClusterView) -> None:
-        return None
 
     def score_all(
         self, state: dict[str, int], nodes: Sequence[NodeFacts], view: ClusterView
