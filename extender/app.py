@@ -26,6 +26,7 @@ from extender import metrics, wire
 from extender.cache import ClusterCache
 from extender.config import ExtenderConfig, load_config
 from extender.engine import FilterOutcome, filter_nodes, score_nodes
+from extender.explain import Explainer, decision, only_fit
 from extender.model import NodeFacts, PodFacts, node_facts, pod_facts
 from extender.policies import Policy, build_policies
 from extender.view import View, args_view
@@ -60,9 +61,12 @@ class _Request:
 class Decider:
     """Everything a call needs besides the HTTP: config, policies, the node source."""
 
-    def __init__(self, cfg: ExtenderConfig, cache: ClusterCache | None) -> None:
+    def __init__(
+        self, cfg: ExtenderConfig, cache: ClusterCache | None, explainer: Explainer | None = None
+    ) -> None:
         self.cfg = cfg
         self.cache = cache
+        self.explainer = explainer
         self.policies: list[Policy] = build_policies(cfg)
 
     def parse(self, payload: Any) -> _Request:
@@ -93,6 +97,19 @@ class Decider:
                 f"cache yet (view {req.view.age or 0:.0f}s old); retry shortly"
             )
             return orjson.dumps(wire.error_result(message)), {"retry": "unknown-nodes"}
+        uid = _uid(req.args.pod)
+        if self.explainer is not None and req.pod.gpus and uid and len(outcome.passed) == 1:
+            self.explainer.remember(
+                only_fit(
+                    req.pod.namespace,
+                    req.pod.name,
+                    uid,
+                    req.pod.gpus,
+                    outcome.passed[0],
+                    len(req.args.names),
+                    outcome.failed | outcome.unresolvable,
+                )
+            )
         body = _dump_filter_result(req.args, outcome)
         metrics.NODES.labels("passed").inc(len(outcome.passed))
         metrics.NODES.labels("failed").inc(len(outcome.failed))
@@ -104,13 +121,35 @@ class Decider:
         }
 
     def prioritize(self, req: _Request) -> tuple[bytes, dict[str, Any]]:
-        scores = score_nodes(req.pod, req.nodes, req.view, self.policies, self.cfg)
+        uid = _uid(req.args.pod)
+        explain = self.explainer is not None and req.pod.gpus > 0 and uid is not None
+        parts: dict[str, list[float]] | None = {} if explain else None
+        scores = score_nodes(req.pod, req.nodes, req.view, self.policies, self.cfg, parts)
+        if explain and self.explainer is not None and uid is not None and parts is not None:
+            self.explainer.remember(
+                decision(
+                    req.pod.namespace,
+                    req.pod.name,
+                    uid,
+                    req.pod.gpus,
+                    req.args.names,
+                    scores,
+                    parts,
+                    self.cfg.weights,
+                )
+            )
         best = scores.index(max(scores)) if scores else None
         body = orjson.dumps(wire.host_priorities(req.args.names, scores))
         return body, {
             "best": req.args.names[best] if best is not None else None,
             "top": scores[best] if best is not None else None,
         }
+
+
+def _uid(pod: Any) -> str | None:
+    meta = pod.get("metadata") if isinstance(pod, dict) else None
+    uid = meta.get("uid") if isinstance(meta, dict) else None
+    return uid if isinstance(uid, str) and 0 < len(uid) <= 128 else None
 
 
 def _dump_filter_result(args: wire.ExtenderArgs, outcome: FilterOutcome) -> bytes:
@@ -133,61 +172,43 @@ def _dump_filter_result(args: wire.ExtenderArgs, outcome: FilterOutcome) -> byte
     return orjson.dumps(wire.filter_result(args, outcome))
 
 
-def create_app(
-    config: ExtenderConfig | str | None = None,
-    node_source: str = "args",
-    cache: ClusterCache | None = None,
-    kubeconfig: str | None = None,
-    *,
-    verbs_need_tls: bool = False,
-    verbs_need_client_cert: bool = False,
-    tls_ready: Callable[[], tuple[bool, str]] | None = None,
-) -> Flask:
-    """The app. With ``verbs_need_tls`` the verbs are refused (403) on a connection that
-    is not TLS (the ops port); with ``verbs_need_client_cert`` also without a client
-    certificate the TLS layer verified against the client CA (only kube-scheduler
-    holds one)."""
-    cfg = config if isinstance(config, ExtenderConfig) else load_config(config)
-    if node_source not in ("args", "cluster"):
-        raise ValueError(f"node_source must be args or cluster, not {node_source!r}")
-    if node_source == "cluster" and cache is None:
-        from kubernetes import client
+@dataclass(frozen=True)
+class VerbGuard:
+    """Who may call the verbs: over TLS only (``tls``), and with a client certificate
+    the TLS layer verified against the client CA (``client_cert``; only kube-scheduler
+    holds one). The ops endpoints are open on every listener."""
 
-        from gpu_scheduler.kube import api_client
+    tls: bool = False
+    client_cert: bool = False
 
-        api = api_client(kubeconfig)
-        cache = ClusterCache()
-        cache.start(client.CoreV1Api(api), client.ResourceV1Api(api))
-    decider = Decider(cfg, cache)
-    app = Flask("extender")
-    app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
-
-    def ready() -> tuple[bool, str]:
-        if tls_ready is not None:
-            ok, detail = tls_ready()
-            if not ok:
-                return ok, detail
-        return cache.ready() if cache is not None else (True, "args mode: stateless")
-
-    install_ops_endpoints(app, ready)
-
-    def refused(verb: str) -> Response | None:
+    def refusal(self, verb: str) -> Response | None:
         environ = request.environ
-        if verbs_need_tls and not environ.get(TLS_KEY):
+        if self.tls and not environ.get(TLS_KEY):
             metrics.REQUESTS.labels(verb, "403").inc()
             return json_error(403, f"/{verb} is served on the extender's TLS port only")
-        if verbs_need_client_cert and not environ.get(CLIENT_CERT_KEY):
+        if self.client_cert and not environ.get(CLIENT_CERT_KEY):
             metrics.REQUESTS.labels(verb, "403").inc()
             return json_error(
                 403, f"/{verb} needs a client certificate signed by the extender's client CA"
             )
         return None
 
-    def serve(verb: str, decide: Callable[[_Request], tuple[bytes, dict[str, Any]]]) -> Response:
+
+class Endpoints:
+    """``/filter`` and ``/prioritize``: guard, sync check, parse, decide, log."""
+
+    def __init__(self, decider: Decider, guard: VerbGuard) -> None:
+        self.decider = decider
+        self.guard = guard
+
+    def serve(
+        self, verb: str, decide: Callable[[_Request], tuple[bytes, dict[str, Any]]]
+    ) -> Response:
         started = time.perf_counter()
-        refusal = refused(verb)
+        refusal = self.guard.refusal(verb)
         if refusal is not None:
             return refusal
+        cache = self.decider.cache
         if cache is not None and not cache.synced():
             # Error (or a 5xx) makes kube-scheduler retry the pod within seconds; an
             # answer failing every node as unknown would park it as unschedulable.
@@ -197,7 +218,7 @@ def create_app(
                 return json_response(wire.error_result(message))
             return json_response({"error": message}, 503)
         try:
-            req = decider.parse(read_json_body(cfg.max_body_bytes))
+            req = self.decider.parse(read_json_body(self.decider.cfg.max_body_bytes))
         except BadInput as exc:
             metrics.REQUESTS.labels(verb, "400").inc()
             log.info("bad extender call", extra={"verb": verb, "error": str(exc)})
@@ -223,13 +244,63 @@ def create_app(
         )
         return Response(payload, mimetype="application/json")
 
-    @app.post("/filter")
-    def filter_() -> Response:
-        return serve("filter", decider.filter)
 
-    @app.post("/prioritize")
-    def prioritize() -> Response:
-        return serve("prioritize", decider.prioritize)
+def start_cluster_source(kubeconfig: str | None) -> tuple[ClusterCache, Explainer]:
+    """The cluster cache (list+watch from this worker) and the placement explainer,
+    which writes its Events through the same API client."""
+    from kubernetes import client
 
-    app.extensions["gpu_scheduler"] = {"cache": cache, "config": cfg}
+    from gpu_scheduler.kube import api_client
+
+    api = api_client(kubeconfig)
+    core = client.CoreV1Api(api)
+    explainer = Explainer(
+        lambda body: core.create_namespaced_event(body["metadata"]["namespace"], body)
+    ).start()
+    cache = ClusterCache(on_bound=explainer.bound)
+    cache.start(core, client.ResourceV1Api(api))
+    return cache, explainer
+
+
+def create_app(
+    config: ExtenderConfig | str | None = None,
+    node_source: str = "args",
+    cache: ClusterCache | None = None,
+    kubeconfig: str | None = None,
+    *,
+    guard: VerbGuard = VerbGuard(),
+    tls_ready: Callable[[], tuple[bool, str]] | None = None,
+    explainer: Explainer | None = None,
+) -> Flask:
+    """The app. ``node_source="cluster"`` without a ``cache`` starts one (and the
+    placement explainer) from ``kubeconfig``. ``guard`` says who may call the verbs;
+    ``tls_ready`` joins /readyz (the serving certificate loaded)."""
+    cfg = config if isinstance(config, ExtenderConfig) else load_config(config)
+    if node_source not in ("args", "cluster"):
+        raise ValueError(f"node_source must be args or cluster, not {node_source!r}")
+    if node_source == "cluster" and cache is None:
+        cache, explainer = start_cluster_source(kubeconfig)
+    decider = Decider(cfg, cache, explainer)
+    endpoints = Endpoints(decider, guard)
+    app = Flask("extender")
+    app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
+
+    def ready() -> tuple[bool, str]:
+        if tls_ready is not None:
+            ok, detail = tls_ready()
+            if not ok:
+                return ok, detail
+        return cache.ready() if cache is not None else (True, "args mode: stateless")
+
+    install_ops_endpoints(app, ready)
+    app.add_url_rule(
+        "/filter", "filter", lambda: endpoints.serve("filter", decider.filter), methods=["POST"]
+    )
+    app.add_url_rule(
+        "/prioritize",
+        "prioritize",
+        lambda: endpoints.serve("prioritize", decider.prioritize),
+        methods=["POST"],
+    )
+    app.extensions["gpu_scheduler"] = {"cache": cache, "config": cfg, "explainer": explainer}
     return app

@@ -112,7 +112,11 @@ class ClusterCache:
         self,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        on_bound: Callable[[str, str], None] | None = None,
     ) -> None:
+        #: Called (uid, node) from the watch thread when a GPU pod is first seen bound
+        #: (not for what a list finds): the placement explanations' trigger.
+        self.on_bound = on_bound
         # Facts from the Node objects, and the facts the policies see: the same, or, on
         # a node whose GPUs a DRA driver publishes, its devices of the GPU class.
         self._base: dict[str, NodeFacts] = {}
@@ -376,6 +380,8 @@ class ClusterCache:
                 self._account(new[1], 1)
             self._pod_version += 1
         metrics.CACHE_OBJECTS.labels("pods").set(len(self._pods))
+        if old is None and new is not None and new[1].gpus and self.on_bound is not None:
+            self.on_bound(new[0], new[1].node)
 
     def _account(self, record: _PodRecord, sign: int) -> None:
         _add(self._used, record.node, sign * record.gpus)

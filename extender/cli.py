@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     workers = args.workers or (1 if args.node_source == "cluster" else 2)
     metrics_dir_for(workers)
-    from extender.app import create_app
+    from extender.app import VerbGuard, create_app
     from extender.config import ConfigError, load_config
 
     try:
@@ -93,8 +93,7 @@ def run(args: argparse.Namespace) -> int:
             cfg,
             node_source=args.node_source,
             kubeconfig=args.kubeconfig,
-            verbs_need_tls=reloader is not None,
-            verbs_need_client_cert=bool(args.client_ca),
+            guard=VerbGuard(tls=reloader is not None, client_cert=bool(args.client_ca)),
             tls_ready=reloader.ready if reloader is not None else None,
         )
 

@@ -56,3 +56,9 @@ HEARTBEAT_GUARD_DECISIONS = Counter(
     "Filter calls in which the heartbeat guard kept silent-looking nodes in, by why",
     ["why"],
 )
+PLACEMENT_EVENTS = Counter(
+    "gpu_scheduler_extender_placement_events_total",
+    "GPUPlacement Events on bound pods, by outcome (written; dropped: rate limit or full "
+    "queue; failed: the API refused it; duplicate: another replica wrote it)",
+    ["outcome"],
+)

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "webhook": ("webhook.cli", "serve the mutating admission webhook over TLS"),
     "certs": ("certs.cli", "generate the webhook's CA and serving certificate"),
     "status": ("extender.status", "print the cluster's GPU inventory as the extender sees it"),
+    "explain": ("extender.explain_cli", "why a GPU pod landed on its node (or has not yet)"),
     # The lab's: present in a checkout, not in the image (the lab package is not shipped).
     "demo": ("lab.demo", "run everything on a local control plane and place pods"),
 }

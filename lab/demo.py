@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import shutil
 import tempfile
 import time
@@ -124,33 +125,23 @@ def pod_manifest(name: str, gpus: int, annotations: dict[str, str]) -> dict[str,
     }
 
 
-def why(pod: dict[str, Any], node: dict[str, Any] | None, events: list[str]) -> str:
-    """A one-line account of a placement from the pod's knobs and the node's facts."""
-    if node is None:
-        failed = [e for e in events if "FailedScheduling" in e]
-        return failed[-1][:160] if failed else "pending"
-    labels = node["metadata"].get("labels") or {}
-    annotations = pod["metadata"].get("annotations") or {}
+def why(pod: dict[str, Any], events: list[tuple[str, str]]) -> str:
+    """The placement in the extender's own words (its GPUPlacement Event, without the
+    leading "N GPUs on NODE: "), or why the pod is pending."""
+    placed = [message for reason, message in events if reason == "GPUPlacement"]
+    if placed:  # without "N GPUs on NODE: " and the weights
+        text = placed[-1].split(": ", 1)[-1]
+        return re.sub(r"; weights [^)]*\)", ")", text)
+    if not pod["spec"].get("nodeName"):
+        failed = [message for reason, message in events if reason == "FailedScheduling"]
+        return f"FailedScheduling: {failed[-1]}"[:160] if failed else "pending"
     try:
         gpus = contract.pod_gpu_request(pod["spec"])
     except ValueError:
         gpus = 0
     if not gpus:
         return "no GPUs asked: default scheduler; GPU nodes are tainted"
-    parts = [f"{pod['spec'].get('schedulerName')}"]
-    if contract.ANN_MIN_GPU_MEMORY in annotations:
-        want = annotations[contract.ANN_MIN_GPU_MEMORY]
-        parts.append(f"{labels.get(contract.LABEL_GPU_MEMORY)} MiB/GPU >= {want}")
-    if contract.ANN_GPU_PRODUCTS in annotations:
-        parts.append(f"product {labels.get(contract.LABEL_GPU_PRODUCT)}")
-    spot = annotations.get(contract.ANN_SPOT, "avoid")
-    parts.append(f"{contract.capacity_type(labels) or 'on-demand'} (spot: {spot})")
-    if contract.ANN_GROUP in annotations:
-        parts.append(
-            f"group {annotations[contract.ANN_GROUP]} in {labels.get(contract.LABEL_ZONE)}"
-        )
-    parts.append(annotations.get(contract.ANN_PLACEMENT, "binpack"))
-    return ", ".join(parts)
+    return "placed; the extender's explanation has not arrived (rate-limited?)"
 
 
 def run_demo(workdir: Path, keep: bool) -> int:
@@ -181,30 +172,18 @@ def run_demo(workdir: Path, keep: bool) -> int:
         for name, gpus, annotations, _ in PODS:
             core.create_namespaced_pod("default", pod_manifest(name, gpus, annotations))
             _wait_pod(core, name, 30 if "b200" not in name else 8)
-        time.sleep(1)
-        nodes = {
-            n["metadata"]["name"]: n
-            for n in stack.api.sanitize_for_serialization(core.list_node().items)
-        }
+        _wait_explanations(core, [name for name, gpus, _, _ in PODS if gpus])
         rows = []
         for name, gpus, _, note in PODS:
             pod = stack.api.sanitize_for_serialization(core.read_namespaced_pod(name, "default"))
-            node_name = pod["spec"].get("nodeName")
             events = [
-                f"{e.reason}: {e.message}"
+                (e.reason, e.message)
                 for e in core.list_namespaced_event(
                     "default", field_selector=f"involvedObject.name={name}"
                 ).items
             ]
-            rows.append(
-                (
-                    name,
-                    node_name or "(Pending)",
-                    str(gpus),
-                    note,
-                    why(pod, nodes.get(node_name or ""), events),
-                )
-            )
+            node_name = pod["spec"].get("nodeName")
+            rows.append((name, node_name or "(Pending)", str(gpus), note, why(pod, events)))
         print()
         print(render_table(("POD", "NODE", "GPUS", "ASKED FOR", "WHY THAT NODE"), rows))
         print()
@@ -227,6 +206,19 @@ def run_demo(workdir: Path, keep: bool) -> int:
     finally:
         print("stopping...", flush=True)
         stack.stop()
+
+
+def _wait_explanations(core: Any, names: list[str], timeout: float = 10) -> None:
+    """Until every placed GPU pod has its GPUPlacement Event (the extender writes it
+    just after the binding)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events = core.list_namespaced_event("default", field_selector="reason=GPUPlacement").items
+        explained = {e.involved_object.name for e in events}
+        placed = {n for n in names if core.read_namespaced_pod(n, "default").spec.node_name}
+        if placed <= explained:
+            return
+        time.sleep(0.3)
 
 
 def _wait_for_capacity(core: Any, nodes: list[DemoNode], timeout: float = 90) -> None:

@@ -6,7 +6,7 @@ from extender.cache import ClusterCache
 from extender.status import COLUMNS, inventory_rows
 from gpu_scheduler import contract
 from gpu_scheduler.table import render_table
-from lab.demo import NODES, PODS, inventory, pod_manifest, why
+from lab.demo import NODES, inventory, pod_manifest, why
 from tests.factories import make_node, make_pod
 from tests.unit.test_dra import claim, device_class, gpu_device, resource_slice
 
@@ -59,10 +59,19 @@ def test_inventory_rows_for_whole_shared_mig_and_dra_nodes():
 def test_demo_inventories_and_explanations():
     gpu_nodes = [n for n in NODES if n.gpu]
     assert all(len(inventory(n)["gpus"]) == n.count for n in gpu_nodes)
-    node = make_node("h", 8, product="NVIDIA-L4", memory_mib=23034, zone="zone-c")
-    for name, gpus, knobs, _ in PODS:
-        pod = pod_manifest(name, gpus, knobs)
-        pod["spec"]["schedulerName"] = contract.SCHEDULER_NAME
-        text = why(pod, node, [])
-        assert text.startswith("gpu-scheduler") if gpus else "default scheduler" in text
-    assert "FailedScheduling" in why(pod_manifest("x", 1, {}), None, ["FailedScheduling: nope"])
+    pod = pod_manifest("train", 2, {})
+    pod["spec"]["nodeName"] = "h100-a1"
+    placed = [
+        ("Scheduled", "Successfully assigned default/train to h100-a1"),
+        ("GPUPlacement", "2 GPUs on h100-a1: extender score 9/10, rank 1 of 4 candidates"),
+    ]
+    assert why(pod, placed) == "extender score 9/10, rank 1 of 4 candidates"
+    assert why(pod, placed[:1]).startswith("placed; the extender's explanation has not")
+    cpu = pod_manifest("web", 0, {})
+    cpu["spec"]["nodeName"] = "cpu-c1"
+    assert why(cpu, []) == "no GPUs asked: default scheduler; GPU nodes are tainted"
+    pending = pod_manifest("x", 1, {})
+    assert why(pending, [("FailedScheduling", "0/6 nodes are available")]) == (
+        "FailedScheduling: 0/6 nodes are available"
+    )
+    assert why(pending, []) == "pending"

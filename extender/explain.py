@@ -1,0 +1,311 @@
+"""Placements that explain themselves.
+
+When the extender scores a GPU pod it keeps a small :class:`Decision`: the best-scored
+candidates with each policy's part of their score. When its watch then sees the pod
+bound, :class:`Explainer` writes one Event on the pod (reason ``GPUPlacement``): the
+chosen node's per-policy scores and rank among the candidates, and the runner-up with
+the policies it lost on. ``kubectl describe pod`` shows it; ``gpu-scheduler explain
+POD`` prints it.
+
+Off the hot path: ``prioritize`` only stores the decision (a dict insert); the Event
+is built and sent by one background thread, rate-limited, from a bounded queue (what
+does not fit is dropped and counted). Two replicas may both hold a decision for the
+same pod (kube-scheduler retried on the other): the Event's name comes from the pod's
+UID, so the second create gets 409 and is ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from extender import metrics
+from gpu_scheduler.textclip import clip_text as clip
+
+log = logging.getLogger(__name__)
+
+REASON = "GPUPlacement"
+COMPONENT = "gpu-scheduler-extender"
+#: Candidates kept per decision (the chosen node is among them unless kube-scheduler's
+#: own plugins outweighed ours).
+TOP = 8
+MAX_MESSAGE = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    node: str
+    score: int  # what the extender answered, 0..10
+    parts: tuple[tuple[str, float], ...]  # (policy, its 0..10 score) for scoring policies
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    namespace: str
+    name: str
+    uid: str
+    gpus: int
+    candidates: int
+    top: tuple[Candidate, ...]  # best first
+    weights: tuple[tuple[str, int], ...]
+    #: From a filter call that left one node (kube-scheduler then skips scoring): why
+    #: the others failed, (reason, how many nodes), most common first.
+    failed: tuple[tuple[str, int], ...] = ()
+
+
+def decision(
+    namespace: str,
+    name: str,
+    uid: str,
+    gpus: int,
+    names: Sequence[str],
+    scores: Sequence[int],
+    parts: Mapping[str, Sequence[float]],
+    weights: Mapping[str, int],
+    keep: int = TOP,
+) -> Decision:
+    """What one prioritize call decided: the ``keep`` best candidates, best first
+    (ties by name), each with every scoring policy's 0..10 part."""
+    order = sorted(range(len(names)), key=lambda i: (-scores[i], names[i]))[:keep]
+    top = tuple(
+        Candidate(
+            names[i], scores[i], tuple((policy, values[i]) for policy, values in parts.items())
+        )
+        for i in order
+    )
+    used = tuple((p, weights.get(p, 0)) for p in parts)
+    return Decision(namespace, name, uid, gpus, len(names), top, used)
+
+
+def only_fit(
+    namespace: str,
+    name: str,
+    uid: str,
+    gpus: int,
+    node: str,
+    candidates: int,
+    reasons: Mapping[str, str],
+) -> Decision:
+    """A filter call that passed one node of ``candidates``: kube-scheduler binds it
+    without scoring, so this is the whole story. ``reasons``: node -> why it failed."""
+    counts: dict[str, int] = {}
+    for reason in reasons.values():
+        counts[reason] = counts.get(reason, 0) + 1
+    failed = tuple(sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:3])
+    return Decision(namespace, name, uid, gpus, candidates, (Candidate(node, 10, ()),), (), failed)
+
+
+def _parts(candidate: Candidate) -> str:
+    return ", ".join(f"{policy} {value:.0f}" for policy, value in candidate.parts) or "no policy"
+
+
+def explain(d: Decision, chosen: str) -> str:
+    """The Event's message for ``d`` once the pod is bound to ``chosen``."""
+    weights = dict(d.weights)
+    rank = next((i for i, c in enumerate(d.top) if c.node == chosen), None)
+    head = f"{d.gpus} GPU{'s' if d.gpus != 1 else ''} on {chosen}"
+    if rank is None:
+        best = d.top[0] if d.top else None
+        text = (
+            f"{head}: not among the extender's best {len(d.top)} of {d.candidates} "
+            "candidates; kube-scheduler's own plugins decided"
+        )
+        if best is not None:
+            text += f" (the extender's best: {best.node}, score {best.score}: {_parts(best)})"
+        return clip(text, MAX_MESSAGE - 64)
+    node = d.top[rank]
+    if not node.parts:  # the one node the filter left
+        if d.candidates == 1:
+            return clip(f"{head}: the only node kube-scheduler's own filters left", 960)
+        text = f"{head}: the only one of {d.candidates} candidates that fits"
+        if d.failed:
+            text += "; the others: " + "; ".join(f"{n} x {reason}" for reason, n in d.failed)
+        return clip(text, MAX_MESSAGE - 64)
+    text = (
+        f"{head}: extender score {node.score}/10, rank {rank + 1} of {d.candidates} "
+        f"candidate{'s' if d.candidates != 1 else ''} ({_parts(node)}; weights "
+        + ", ".join(f"{p} {w}" for p, w in d.weights)
+        + ")"
+    )
+    others = [c for c in d.top if c.node != chosen]
+    if not others:
+        return clip(text + ". No other candidate.", MAX_MESSAGE - 64)
+    runner = others[0]
+    mine = dict(node.parts)
+    lost = sorted(
+        (
+            (weights.get(p, 0) * (mine.get(p, 0.0) - v), p, v)
+            for p, v in runner.parts
+            if mine.get(p, 0.0) > v
+        ),
+        reverse=True,
+    )
+    why = ", ".join(f"{p} {v:.0f} against {mine[p]:.0f}" for _, p, v in lost)
+    if runner.score > node.score:
+        text += (
+            f". The extender preferred {runner.node} (score {runner.score}); "
+            "kube-scheduler's own plugins outweighed that"
+        )
+    elif runner.score == node.score:
+        text += f". {runner.node} scored {runner.score} too (kube-scheduler broke the tie)"
+        text += f"; it is lower on {why}" if why else ""
+    else:
+        text += f". Runner-up {runner.node}, score {runner.score}" + (
+            f": lower on {why}" if why else ""
+        )
+    return clip(text, MAX_MESSAGE - 64)
+
+
+def event_name(pod: str, uid: str) -> str:
+    """One name per pod for every replica (a DNS subdomain of at most 253)."""
+    digest = hashlib.sha256(uid.encode()).hexdigest()[:10]
+    return f"{pod[:200]}.{digest}.gpu-placement"
+
+
+def event_body(d: Decision, chosen: str, now: datetime, instance: str) -> dict[str, Any]:
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": event_name(d.name, d.uid), "namespace": d.namespace},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": d.namespace,
+            "name": d.name,
+            "uid": d.uid,
+        },
+        "reason": REASON,
+        "message": explain(d, chosen),
+        "type": "Normal",
+        "action": "Scheduled",
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": instance[:128],
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+class Explainer:
+    """Decisions by pod UID (bounded, expiring), and the thread that writes Events.
+
+    ``post(body)`` creates one Event and raises on failure; an exception with
+    ``status == 409`` means another replica wrote it already.
+    """
+
+    def __init__(
+        self,
+        post: Callable[[dict[str, Any]], Any],
+        *,
+        capacity: int = 4096,
+        ttl: float = 600.0,
+        rate: float = 10.0,
+        burst: int = 50,
+        queue_size: int = 1000,
+        clock: Callable[[], float] = time.monotonic,
+        instance: str | None = None,
+    ) -> None:
+        self._post = post
+        self._decisions: OrderedDict[str, tuple[float, Decision]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._capacity, self._ttl = capacity, ttl
+        self._rate, self._burst = rate, burst
+        self._tokens = float(burst)
+        self._refilled = clock()
+        self._clock = clock
+        self._queue: queue.Queue[tuple[Decision, str] | None] = queue.Queue(queue_size)
+        self._instance = instance or socket.gethostname()
+        self._thread: threading.Thread | None = None
+        self.written = 0
+        self.dropped = 0
+        self.failed = 0
+        self.duplicate = 0
+
+    # --- the hot path and the watch ----------------------------------------------
+    def remember(self, d: Decision) -> None:
+        if not d.uid or not d.top:
+            return
+        now = self._clock()
+        with self._lock:
+            self._decisions[d.uid] = (now, d)
+            self._decisions.move_to_end(d.uid)
+            while len(self._decisions) > self._capacity:
+                self._decisions.popitem(last=False)
+
+    def bound(self, uid: str, node: str) -> None:
+        """The watch saw pod ``uid`` bound to ``node``: queue its Event, if we scored it."""
+        with self._lock:
+            entry = self._decisions.pop(uid, None)
+        if entry is None or self._clock() - entry[0] > self._ttl:
+            return
+        try:
+            self._queue.put_nowait((entry[1], node))
+        except queue.Full:
+            self._count("dropped")
+
+    # --- the writer ------------------------------------------------------------------
+    def start(self) -> Explainer:
+        self._thread = threading.Thread(target=self._run, name="explainer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def _take_token(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._refilled) * self._rate)
+        self._refilled = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        return False
+
+    def drain(self) -> None:
+        """Write what is queued now (the thread's loop; tests call it directly)."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is None:
+                return
+            self._write(*item)
+
+    def _write(self, d: Decision, node: str) -> None:
+        if not self._take_token():
+            self._count("dropped")
+            return
+        try:
+            self._post(event_body(d, node, datetime.now(UTC), self._instance))
+            self._count("written")
+        except Exception as exc:
+            if getattr(exc, "status", None) == 409:
+                self._count("duplicate")  # the other replica wrote it
+                return
+            self._count("failed")
+            log.warning("placement event not written", extra={"pod": d.name, "error": repr(exc)})
+
+    def _count(self, outcome: str) -> None:
+        setattr(self, outcome, getattr(self, outcome) + 1)
+        metrics.PLACEMENT_EVENTS.labels(outcome).inc()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            self._write(*item)
+            if self._tokens < 1:
+                time.sleep(1.0 / self._rate)

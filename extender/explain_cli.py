@@ -1,0 +1,67 @@
+"""``gpu-scheduler explain POD``: why a GPU pod landed where it did (the extender's
+``GPUPlacement`` Event), or why it has not landed yet (kube-scheduler's
+``FailedScheduling`` Events). Imports nothing heavy until it runs (the CLI's rule)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def pod_story(api_client: Any, namespace: str, name: str) -> str:
+    """The pod's node and its placement Events, oldest first."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from extender.explain import REASON
+
+    core = client.CoreV1Api(api_client)
+    try:
+        pod = core.read_namespaced_pod(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            raise LookupError(f"pod {namespace}/{name} not found") from None
+        raise
+    events = core.list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name},involvedObject.kind=Pod"
+    ).items
+    uid = pod.metadata.uid
+    mine = [e for e in events if not e.involved_object.uid or e.involved_object.uid == uid]
+    mine.sort(key=lambda e: (e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
+    node = pod.spec.node_name
+    lines = [
+        f"pod {namespace}/{name}: "
+        + (f"on {node}" if node else "not placed yet")
+        + f", scheduler {pod.spec.scheduler_name}"
+    ]
+    placed = [e for e in mine if e.reason == REASON]
+    failed = [e for e in mine if e.reason == "FailedScheduling"]
+    for event in placed:
+        lines.append(f"  {event.reason}: {event.message}")
+    if not placed:
+        if node:
+            lines.append(
+                "  no GPUPlacement event: not scored by gpu-scheduler's extender (no GPUs "
+                "asked, another scheduler), or its event is rate-limited or expired"
+            )
+        for event in failed[-3:]:
+            lines.append(f"  {event.reason}: {event.message}")
+    return "\n".join(lines)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("pod", metavar="POD", help="the pod's name")
+    parser.add_argument("-n", "--namespace", default="default", help="its namespace")
+    parser.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster or ~/.kube/config)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpu_scheduler.kube import api_client
+
+    try:
+        print(pod_story(api_client(args.kubeconfig), args.namespace, args.pod))
+    except LookupError as exc:
+        print(f"gpu-scheduler explain: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,160 @@
+"""Placement explanations: what a prioritize call decided, the Event's words once the
+pod is bound, and the writer's bounds (rate, queue, expiry, a second replica)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from extender.explain import (
+    REASON,
+    Explainer,
+    decision,
+    event_body,
+    event_name,
+    explain,
+    only_fit,
+)
+
+WEIGHTS = {"gpu": 3, "scarcity": 6, "fragmentation": 6}
+
+
+def sample(uid="uid-1"):
+    return decision(
+        "ml",
+        "train-0",
+        uid,
+        2,
+        ["a", "b", "c"],
+        [9, 6, 9],
+        {
+            "gpu": [10.0, 4.0, 10.0],
+            "scarcity": [10.0, 10.0, 10.0],
+            "fragmentation": [8.0, 2.0, 7.0],
+        },
+        WEIGHTS,
+    )
+
+
+def test_a_decision_keeps_the_best_candidates_with_their_parts():
+    d = sample()
+    assert [c.node for c in d.top] == ["a", "c", "b"]  # by score, ties by name
+    assert d.top[0].parts == (("gpu", 10.0), ("scarcity", 10.0), ("fragmentation", 8.0))
+    assert d.candidates == 3
+    names = [f"n{i}" for i in range(50)]
+    many = decision("ns", "p", "u", 1, names, list(range(50)), {}, {}, keep=8)
+    assert len(many.top) == 8 and many.top[0].node == "n49"
+
+
+def test_the_message_names_rank_parts_and_why_the_runner_up_lost():
+    text = explain(sample(), "a")
+    assert text.startswith("2 GPUs on a: extender score 9/10, rank 1 of 3 candidates")
+    assert "gpu 10, scarcity 10, fragmentation 8" in text
+    assert "c scored 9 too (kube-scheduler broke the tie); it is lower on fragmentation 7" in text
+    lower = explain(sample(), "c")
+    assert "The extender preferred a (score 9)" not in lower  # a tie, not a preference
+
+
+def test_when_kube_scheduler_chose_another_node_it_says_so():
+    text = explain(sample(), "b")
+    assert "rank 3 of 3" in text
+    assert "The extender preferred a (score 9); kube-scheduler's own plugins outweighed" in text
+    outside = explain(sample(), "zzz")
+    assert "not among the extender's best 3 of 3 candidates" in outside
+    assert "the extender's best: a" in outside
+
+
+def test_the_event_is_on_the_pod_and_named_by_its_uid():
+    body = event_body(sample(), "a", datetime(2026, 11, 30, tzinfo=UTC), "replica-0")
+    assert body["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": "ml",
+        "name": "train-0",
+        "uid": "uid-1",
+    }
+    assert body["reason"] == REASON and body["type"] == "Normal"
+    assert body["metadata"]["name"] == event_name("train-0", "uid-1")
+    assert event_name("train-0", "uid-1") != event_name("train-0", "uid-2")
+    assert len(event_name("x" * 253, "u")) <= 253
+    assert len(body["message"]) <= 1024
+
+
+class Api:
+    def __init__(self):
+        self.events: dict[str, dict] = {}
+
+    def create(self, body):
+        name = body["metadata"]["name"]
+        if name in self.events:
+            error = RuntimeError("AlreadyExists")
+            error.status = 409
+            raise error
+        self.events[name] = body
+
+
+def test_only_scored_pods_get_an_event_and_two_replicas_write_one():
+    api = Api()
+    one, two = Explainer(api.create), Explainer(api.create)
+    one.remember(sample())
+    two.remember(sample())
+    one.bound("uid-1", "a")
+    two.bound("uid-1", "a")
+    one.bound("never-scored", "a")
+    one.drain()
+    two.drain()
+    assert list(api.events) == [event_name("train-0", "uid-1")]
+    assert one.written == 1 and two.written == 0 and two.failed == 0
+    one.bound("uid-1", "a")  # seen again (a later watch event): nothing more
+    one.drain()
+    assert one.written == 1
+
+
+def test_decisions_expire_and_are_bounded():
+    now = [0.0]
+    api = Api()
+    explainer = Explainer(api.create, capacity=2, ttl=60, clock=lambda: now[0])
+    for i in range(3):
+        explainer.remember(sample(f"u{i}"))
+    explainer.bound("u0", "a")  # evicted: the oldest of three with room for two
+    now[0] = 61
+    explainer.bound("u1", "a")  # expired
+    explainer.drain()
+    assert api.events == {}
+
+
+def test_the_writer_is_rate_limited_and_the_queue_bounded():
+    now = [0.0]
+    api = Api()
+    explainer = Explainer(api.create, rate=1, burst=2, queue_size=3, clock=lambda: now[0])
+    for i in range(5):
+        explainer.remember(sample(f"u{i}"))
+        explainer.bound(f"u{i}", "a")
+    explainer.drain()
+    assert explainer.written == 2  # the burst
+    assert explainer.dropped == 3  # 2 found the queue full, 1 found no token
+    now[0] = 10
+    explainer.remember(sample("later"))
+    explainer.bound("later", "a")
+    explainer.drain()
+    assert explainer.written == 3
+
+
+def test_the_one_node_a_filter_left_is_explained_by_the_others_failures():
+    reasons = {
+        "a": "2 of 8 GPUs free; pod requests 4",
+        "b": "2 of 8 GPUs free; pod requests 4",
+        "c": "node is not spot capacity",
+    }
+    d = only_fit("ml", "p", "u", 4, "d", 4, reasons)
+    text = explain(d, "d")
+    assert text == (
+        "4 GPUs on d: the only one of 4 candidates that fits; the others: "
+        "2 x 2 of 8 GPUs free; pod requests 4; 1 x node is not spot capacity"
+    )
+
+
+def test_a_clear_winner_names_the_runner_up_and_where_it_lost():
+    d = decision("ns", "p", "u", 1, ["a", "b"], [9, 6], {"gpu": [10.0, 4.0]}, {"gpu": 4})
+    assert explain(d, "a").endswith("Runner-up b, score 6: lower on gpu 4 against 10")
+    only = only_fit("ns", "p", "u", 1, "a", 1, {})
+    assert explain(only, "a") == "1 GPU on a: the only node kube-scheduler's own filters left"
