@@ -22,7 +22,7 @@ K8S_BIN := $(K8S_DIR)/k8s
 export GPU_SCHEDULER_K8S_BIN := $(abspath $(K8S_BIN))
 HAVE_GO := $(shell command -v go 2>/dev/null)
 
-.PHONY: test lint unit install controlplane demo bench clean
+.PHONY: test lint unit install controlplane image demo bench clean
 
 install: $(STAMP)
 
@@ -44,6 +44,11 @@ $(K8S_BIN): tools/k8s/go.mod tools/k8s/go.sum tools/k8s/main.go
 	  | awk '{ n++; printf "\r[control plane] %5d packages built: %-70.70s", n, $$0; fflush() } END { print "" }'
 	@test -x $(K8S_BIN).tmp && mv $(K8S_BIN).tmp $(K8S_BIN)
 	@echo "control plane ready: $(K8S_BIN)"
+
+# The project image from the Dockerfile (buildah, no daemon) on a Debian base made with
+# debootstrap, and the pause image; cached under .cache/images/ by their inputs.
+image:
+	tools/image/build.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
