@@ -112,20 +112,12 @@ class FakeBackend:
         self.path = Path(path)
 
     def read(self) -> Inventory:
-        import yaml
+        from gpu_scheduler.configfile import load_yaml_file
 
         try:
-            text = self.path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise InventoryError(f"fake GPU file {self.path}: {exc.strerror or exc}") from exc
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise InventoryError(f"fake GPU file {self.path}: not YAML: {exc}") from exc
-        try:
-            return parse_inventory(data)
+            return load_yaml_file(str(self.path), parse_inventory, InventoryError)
         except InventoryError as exc:
-            raise InventoryError(f"fake GPU file {self.path}: {exc}") from exc
+            raise InventoryError(f"fake GPU file {exc}") from exc
 
 
 def parse_inventory(data: Any) -> Inventory:

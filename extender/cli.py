@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpu_scheduler.serveropts import add_server_options
+from gpu_scheduler.serveropts import add_cert_reload_option, add_server_options
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -44,12 +44,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="also serve /healthz, /readyz and /metrics in the clear on PORT (never the "
         "verbs)",
     )
-    parser.add_argument(
-        "--cert-reload-interval",
-        default="10s",
-        metavar="DURATION",
-        help="how often a connection may check the certificate files (default 10s)",
-    )
+    add_cert_reload_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:

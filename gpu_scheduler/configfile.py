@@ -11,13 +11,15 @@ T = TypeVar("T")
 
 
 def load_yaml_file(path: str, parse: Callable[[Any], T], error: type[ValueError]) -> T:
-    """``parse(yaml of path)``; a YAML or ``error`` problem comes back as ``error``
-    prefixed with the path."""
-    with open(path, encoding="utf-8") as handle:
-        try:
+    """``parse(yaml of path)``; a file, YAML or ``error`` problem comes back as
+    ``error`` prefixed with the path."""
+    try:
+        with open(path, encoding="utf-8") as handle:
             data = yaml.safe_load(handle)
-        except yaml.YAMLError as exc:
-            raise error(f"{path}: not YAML: {exc}") from exc
+    except OSError as exc:
+        raise error(f"{path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: not YAML: {exc}") from exc
     try:
         return parse(data)
     except error as exc:

@@ -21,3 +21,14 @@ def add_server_options(
         help="a request must arrive whole within this time of its first byte, or it is "
         "answered 408 and closed; slow clients never hold a thread (default 10s)",
     )
+
+
+def add_cert_reload_option(parser: argparse.ArgumentParser) -> None:
+    """``--cert-reload-interval``, for servers that serve TLS from files."""
+    parser.add_argument(
+        "--cert-reload-interval",
+        default="10s",
+        metavar="DURATION",
+        help="how often a connection may check the certificate files for a change "
+        "(default 10s)",
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpu_scheduler.serveropts import add_server_options
+from gpu_scheduler.serveropts import add_cert_reload_option, add_server_options
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -17,12 +17,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="directory with tls.crt and tls.key (a mounted kubernetes.io/tls Secret)",
     )
     parser.add_argument("--config", help="YAML file: schedulerName, extraTolerations, ...")
-    parser.add_argument(
-        "--cert-reload-interval",
-        default="10s",
-        metavar="DURATION",
-        help="how often a connection may check tls.crt/tls.key for a change (default 10s)",
-    )
+    add_cert_reload_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
