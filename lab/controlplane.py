@@ -52,6 +52,9 @@ CONTROLLERS = (
     # DRA: frees the devices of a finished pod's claims (kube-scheduler allocates them).
     "resourceclaim-controller",
 )
+# With a real node (lab.realnode): pods' kube-root-ca.crt, and the endpoints the API
+# server's webhook calls are routed to (--enable-aggregator-routing).
+REAL_NODE_CONTROLLERS = ("root-ca-cert-publisher", "endpointslice", "endpoint")
 
 
 
@@ -76,6 +79,7 @@ class LocalCluster:
     ca_file: Path
     processes: dict[str, Process] = field(default_factory=dict)
     etcd_port: int = 0
+    real_node: bool = False
 
     @property
     def server(self) -> str:
@@ -237,8 +241,14 @@ def _write_kubeconfig(path: Path, server: str, ca_file: Path, token: str) -> Non
     path.chmod(0o600)
 
 
-def start_control_plane(workdir: Path, binary: Path | None = None) -> LocalCluster:
+def start_control_plane(
+    workdir: Path, binary: Path | None = None, *, real_node: bool = False
+) -> LocalCluster:
     """etcd, kube-apiserver and kube-controller-manager, ready to use.
+
+    ``real_node``: ready for :func:`lab.realnode.start_real_node`: the API server also
+    listens on the pods' bridge, its certificate names the ``kubernetes`` Service IP,
+    and it calls webhooks at their pods' addresses.
 
     Schedulers are started separately (:meth:`LocalCluster.start_scheduler`), each
     with its own configuration. On failure everything started is stopped again.
@@ -252,7 +262,13 @@ def start_control_plane(workdir: Path, binary: Path | None = None) -> LocalClust
         raise ControlPlaneError("no control-plane binary: run `make controlplane`")
     workdir.mkdir(parents=True, exist_ok=True)
     pki = workdir / "pki"
-    store.generate(pki, build.service_identity("kubernetes", "default", ["127.0.0.1"]))
+    from lab import realnode
+
+    addresses = ["127.0.0.1", *((realnode.SERVICE_IP, realnode.GATEWAY) if real_node else ())]
+    store.generate(pki, build.service_identity("kubernetes", "default", addresses))
+    if real_node:  # the API server's client certificate for the kubelet (logs, exec)
+        kubelet_client = build.service_identity("kube-apiserver", "default")
+        store.generate(pki / "kubelet-client", kubelet_client, ca_dir=pki, client=True)
     sa_key = build.new_key()
     store.write_private(pki / "sa.key", build.key_pem(sa_key))
     store.write_public(
@@ -266,6 +282,7 @@ def start_control_plane(workdir: Path, binary: Path | None = None) -> LocalClust
     tokens.chmod(0o600)
     api_port = free_port()
     cluster = LocalCluster(workdir, binary, api_port, workdir / "kubeconfig", pki / store.CA_CERT)
+    cluster.real_node = real_node
     _write_kubeconfig(cluster.kubeconfig, cluster.server, cluster.ca_file, ADMIN_TOKEN)
     try:
         _start_core(cluster, pki, tokens)
@@ -301,8 +318,19 @@ def _start_core(cluster: LocalCluster, pki: Path, tokens: Path) -> None:
             binary,
             "kube-apiserver",
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1",
+            # A real node's pods reach it on the bridge (lab.realnode); else loopback only.
+            f"--bind-address={'0.0.0.0' if cluster.real_node else '127.0.0.1'}",
             f"--secure-port={cluster.api_port}",
+            f"--enable-aggregator-routing={str(cluster.real_node).lower()}",
+            "--kubelet-preferred-address-types=InternalIP",
+            *(
+                [
+                    f"--kubelet-client-certificate={pki / 'kubelet-client' / 'tls.crt'}",
+                    f"--kubelet-client-key={pki / 'kubelet-client' / 'tls.key'}",
+                ]
+                if cluster.real_node
+                else []
+            ),
             f"--advertise-address={ADVERTISE_ADDRESS}",
             f"--tls-cert-file={pki / 'tls.crt'}",
             f"--tls-private-key-file={pki / 'tls.key'}",
@@ -329,6 +357,7 @@ def _start_core(cluster: LocalCluster, pki: Path, tokens: Path) -> None:
         ca_file=cluster.ca_file,
         token=ADMIN_TOKEN,
     )
+    controllers = CONTROLLERS + (REAL_NODE_CONTROLLERS if cluster.real_node else ())
     cluster.spawn(
         "kube-controller-manager",
         [
@@ -337,7 +366,7 @@ def _start_core(cluster: LocalCluster, pki: Path, tokens: Path) -> None:
             f"--kubeconfig={cluster.kubeconfig}",
             f"--authentication-kubeconfig={cluster.kubeconfig}",
             f"--authorization-kubeconfig={cluster.kubeconfig}",
-            f"--controllers={','.join(CONTROLLERS)}",
+            f"--controllers={','.join(controllers)}",
             "--leader-elect=false",
             f"--service-account-private-key-file={pki / 'sa.key'}",
             f"--root-ca-file={cluster.ca_file}",

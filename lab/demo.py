@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559, "computeCapability": "9.0"}
 A100 = {"name": "NVIDIA A100-SXM4-40GB", "memoryMiB": 40960, "computeCapability": "8.0"}
 L4 = {"name": "NVIDIA L4", "memoryMiB": 23034, "computeCapability": "8.9"}
+L40S = {"name": "NVIDIA L40S", "memoryMiB": 46068, "computeCapability": "8.9"}
 GPU_TAINT = {"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}
 
 
@@ -91,6 +92,20 @@ PODS: tuple[tuple[str, int, dict[str, str], str], ...] = (
 )
 
 
+# --real-node: one more node, run by a real kubelet and containerd (lab.realnode), and
+# a pod only it can take, which really runs there (from the image `make image` built).
+# The pod goes first and takes the node's one GPU, so the rest of the story is the same
+# with and without it.
+REAL_NODE = DemoNode(
+    "l40s-real-c2",
+    L40S,
+    1,
+    {contract.LABEL_ZONE: "zone-c", contract.LABEL_EKS_CAPACITY_TYPE: "ON_DEMAND"},
+)
+REAL_POD = ("render", 1, {contract.ANN_GPU_PRODUCTS: "NVIDIA-L40S"}, "only L40S: a real node")
+REAL_COMMAND = ["python3", "-c", "import socket; print('ran on', socket.gethostname())"]
+
+
 def inventory(node: DemoNode) -> dict[str, Any]:
     assert node.gpu is not None
     return {
@@ -108,19 +123,24 @@ def inventory(node: DemoNode) -> dict[str, Any]:
     }
 
 
-def pod_manifest(name: str, gpus: int, annotations: dict[str, str]) -> dict[str, Any]:
+def pod_manifest(
+    name: str, gpus: int, annotations: dict[str, str], image: str | None = None
+) -> dict[str, Any]:
+    """A demo pod; with ``image``, one that runs to completion (for the real node)."""
     resources: dict[str, Any] = {"requests": {"cpu": "500m", "memory": "512Mi"}}
     if gpus:
         resources["limits"] = {contract.RESOURCE_GPU: str(gpus)}
+    main: dict[str, Any] = {"name": "main", "image": "registry.k8s.io/pause:3.10"}
+    if image:
+        main = {"name": "main", "image": image, "command": REAL_COMMAND}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "annotations": annotations, "labels": {"app": "demo"}},
         "spec": {
             "terminationGracePeriodSeconds": 0,
-            "containers": [
-                {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": resources}
-            ],
+            "restartPolicy": "Never",
+            "containers": [{**main, "resources": resources}],
         },
     }
 
@@ -144,11 +164,12 @@ def why(pod: dict[str, Any], events: list[tuple[str, str]]) -> str:
     return "placed; the extender's explanation has not arrived (rate-limited?)"
 
 
-def run_demo(workdir: Path, keep: bool) -> int:
+def run_demo(workdir: Path, keep: bool, real_node: bool = False) -> int:
     from kubernetes import client
 
     from extender.status import cluster_status
     from gpu_scheduler.table import render_table
+    from lab import realnode
     from lab.kubelet_shim import node_object
     from lab.stack import start_stack
 
@@ -156,25 +177,35 @@ def run_demo(workdir: Path, keep: bool) -> int:
         "starting the control plane and gpu-scheduler (extender, webhook, scheduler)...", flush=True
     )
     started = time.monotonic()
-    stack = start_stack(workdir)
+    stack = start_stack(workdir, real_node=real_node)
+    real = None
+    nodes, pods = ((*NODES, REAL_NODE), (REAL_POD, *PODS)) if real_node else (NODES, PODS)
     try:
         core = client.CoreV1Api(stack.api)
         print(f"  up in {time.monotonic() - started:.0f}s; creating nodes and agents", flush=True)
-        for node in NODES:
+        for node in nodes:
             taints = [GPU_TAINT] if node.gpu else []
-            core.create_node(node_object(node.name, labels=node.labels, taints=taints))
+            if node is REAL_NODE:
+                print("  starting a real node: containerd, runc, CNI and a kubelet", flush=True)
+                real = realnode.start_real_node(
+                    stack.cluster, node.name, node.labels, taints=taints
+                )
+            else:
+                core.create_node(node_object(node.name, labels=node.labels, taints=taints))
             if node.gpu:
                 path = workdir / f"{node.name}-gpus.yaml"
                 path.write_text(yaml.safe_dump(inventory(node)))
                 stack.start_agent(node.name, path)
-        _wait_for_capacity(core, [n for n in NODES if n.gpu])
+        _wait_for_capacity(core, [n for n in nodes if n.gpu])
         print("  agents published labels and capacity; creating pods", flush=True)
-        for name, gpus, annotations, _ in PODS:
-            core.create_namespaced_pod("default", pod_manifest(name, gpus, annotations))
+        image = realnode.images().get("GPU_SCHEDULER_IMAGE")
+        for name, gpus, annotations, _ in pods:
+            runs = image if name == REAL_POD[0] else None
+            core.create_namespaced_pod("default", pod_manifest(name, gpus, annotations, runs))
             _wait_pod(core, name, 30 if "b200" not in name else 8)
-        _wait_explanations(core, [name for name, gpus, _, _ in PODS if gpus])
+        _wait_explanations(core, [name for name, gpus, _, _ in pods if gpus])
         rows = []
-        for name, gpus, _, note in PODS:
+        for name, gpus, _, note in pods:
             pod = stack.api.sanitize_for_serialization(core.read_namespaced_pod(name, "default"))
             events = [
                 (e.reason, e.message)
@@ -188,6 +219,8 @@ def run_demo(workdir: Path, keep: bool) -> int:
         print(render_table(("POD", "NODE", "GPUS", "ASKED FOR", "WHY THAT NODE"), rows))
         print()
         print(cluster_status(stack.api))
+        if real is not None:
+            print(_real_pod_report(core, REAL_POD[0]))
         if keep:
             print(
                 f"\nThe cluster keeps running. kubeconfig: {stack.cluster.kubeconfig}\n"
@@ -206,6 +239,24 @@ def run_demo(workdir: Path, keep: bool) -> int:
     finally:
         print("stopping...", flush=True)
         stack.stop()
+        if real is not None:
+            real.stop()
+
+
+def _real_pod_report(core: Any, name: str, timeout: float = 120) -> str:
+    """What became of the pod on the real node: its phase and what it printed."""
+    deadline = time.monotonic() + timeout
+    pod = core.read_namespaced_pod(name, "default")
+    while pod.status.phase not in ("Succeeded", "Failed") and time.monotonic() < deadline:
+        time.sleep(1)
+        pod = core.read_namespaced_pod(name, "default")
+    out = ""
+    if pod.status.phase in ("Succeeded", "Failed"):
+        out = core.read_namespaced_pod_log(name, "default").strip()
+    return (
+        f"\nOn the real node {pod.spec.node_name}: pod {name} {pod.status.phase}"
+        f"{f', it printed: {out!r}' if out else ''}"
+    )
 
 
 def _wait_explanations(core: Any, names: list[str], timeout: float = 10) -> None:
@@ -250,6 +301,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workdir", help="where the cluster's files and logs go (default: a temp dir)"
     )
+    parser.add_argument(
+        "--real-node",
+        action="store_true",
+        help="add one node run by a real kubelet and containerd, where a pod really runs "
+        "(root, containerd, runc, CNI plugins, `make image`)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -260,12 +317,19 @@ def run(args: argparse.Namespace) -> int:
             "gpu-scheduler demo: no control-plane binary; run `make demo` (it builds one with Go)"
         )
         return 2
+    if args.real_node:
+        from lab.realnode import missing
+
+        reason = missing()
+        if reason:
+            print(f"gpu-scheduler demo --real-node: {reason}")
+            return 2
     logging.getLogger().setLevel(logging.WARNING)
     workdir = (
         Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpu-scheduler-demo-"))
     )
     try:
-        return run_demo(workdir, args.keep)
+        return run_demo(workdir, args.keep, args.real_node)
     finally:
         if not args.keep and not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

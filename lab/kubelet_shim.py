@@ -13,6 +13,7 @@ from gpu_scheduler import contract
 from gpu_scheduler.kube import json_pointer_token
 
 log = logging.getLogger(__name__)
+REAL_PROVIDER = "lab://"  # spec.providerID of the nodes lab.realnode's kubelets run
 
 
 class KubeletShim:
@@ -35,6 +36,8 @@ class KubeletShim:
         self._stop.set()
 
     def sync(self, node: Mapping[str, Any]) -> bool:
+        if str((node.get("spec") or {}).get("providerID", "")).startswith(REAL_PROVIDER):
+            return False  # a real kubelet runs this node (lab.realnode)
         status = node.get("status") or {}
         capacity = (status.get("capacity") or {}).get(contract.RESOURCE_GPU)
         allocatable = (status.get("allocatable") or {}).get(contract.RESOURCE_GPU)
@@ -45,11 +48,10 @@ class KubeletShim:
             op = {"op": "remove", "path": path}
         else:
             op = {"op": "add", "path": path, "value": capacity}
-        if not status.get("allocatable"):
-            op = {"op": "add", "path": "/status/allocatable", "value": {}}
-            self.core.patch_node_status(node["metadata"]["name"], [op])
-            return self.sync(node | {"status": status | {"allocatable": {}}})
-        self.core.patch_node_status(node["metadata"]["name"], [op])
+        ops = [op]
+        if not status.get("allocatable"):  # (capacity is set: None == None returned above)
+            ops.insert(0, {"op": "add", "path": "/status/allocatable", "value": {}})
+        self.core.patch_node_status(node["metadata"]["name"], ops)
         return True
 
     def _run(self) -> None:

@@ -325,12 +325,14 @@ def bare_stack(prefix: str) -> Iterator[tuple[Stack, Any]]:
             stack.stop()
 
 
-def start_stack(workdir: Path, *, extender_config: dict[str, Any] | None = None) -> Stack:
+def start_stack(
+    workdir: Path, *, extender_config: dict[str, Any] | None = None, real_node: bool = False
+) -> Stack:
     """Control plane, kubelet shim, extender, webhook (registered) and both schedulers,
     with TLS where the install has it: the webhook's serving certificate, and the
     extender's, whose verbs need kube-scheduler's client certificate."""
     started = time.monotonic()
-    cluster = start_control_plane(workdir)
+    cluster = start_control_plane(workdir, real_node=real_node)
     stack = Stack(cluster, workdir)
     try:
         stack.api = cluster.api_client()

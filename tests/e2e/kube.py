@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -139,3 +143,30 @@ def ensure_namespace(stack, name: str) -> None:
     except ApiException as exc:
         if exc.status != 409:
             raise
+
+
+def install_certs(cluster: Any, out: Path, shims: Path) -> subprocess.CompletedProcess[str]:
+    """deploy/install-certs.sh against ``cluster``, as an admin runs it: ``kubectl`` is
+    the control-plane binary by another name, ``gpu-scheduler`` this checkout's CLI
+    (both put on PATH from ``shims``)."""
+    from lab.controlplane import ROOT
+
+    if not shims.exists():
+        shims.mkdir(parents=True)
+        (shims / "kubectl").symlink_to(cluster.binary)
+        cli = shims / "gpu-scheduler"
+        cli.write_text(f'#!/bin/sh\nexec {sys.executable} -m gpu_scheduler.cli "$@"\n')
+        cli.chmod(0o755)
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "PATH": f"{shims}:{os.environ['PATH']}",
+    }
+    return subprocess.run(
+        ["bash", str(ROOT / "deploy" / "install-certs.sh"), str(out)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )

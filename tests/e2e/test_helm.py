@@ -20,6 +20,7 @@ import yaml
 
 from lab.controlplane import ROOT
 from lab.stack import NAMESPACE
+from tests.e2e.kube import install_certs
 
 CHART = ROOT / "charts" / "gpu-scheduler"
 HASHED = re.compile(r"^(gpu-scheduler(?:-\w+)*-config)-[a-z0-9]{10}$")
@@ -143,13 +144,10 @@ def fresh_cluster(tmp_path_factory, control_plane_binary):
 
 def test_helm_install_then_install_certs(fresh_cluster, tmp_path):
     import base64
-    import os
-    import subprocess
 
     from kubernetes import client
 
     cluster = fresh_cluster
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
     out = _run(
         cluster.binary,
         "helm",
@@ -174,25 +172,10 @@ def test_helm_install_then_install_certs(fresh_cluster, tmp_path):
     (hook,) = admission.read_mutating_webhook_configuration("gpu-scheduler-webhook").webhooks
     assert hook.client_config.service.namespace == NAMESPACE and not hook.client_config.ca_bundle
 
-    # deploy/install-certs.sh against it: kubectl is the same binary by another name.
-    shims = tmp_path / "bin"
-    shims.mkdir()
-    (shims / "kubectl").symlink_to(cluster.binary)
-    (shims / "gpu-scheduler").write_text(
-        f'#!/bin/sh\nexec {os.sys.executable} -m gpu_scheduler.cli "$@"\n'
-    )
-    (shims / "gpu-scheduler").chmod(0o755)
-    env["PATH"] = f"{shims}:{env['PATH']}"
+    # deploy/install-certs.sh against it, twice: the second run keeps everything.
     certs = tmp_path / "certs-out"
-    for _ in range(2):  # the second run keeps everything
-        done = subprocess.run(
-            ["bash", str(ROOT / "deploy" / "install-certs.sh"), str(certs)],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+    for _ in range(2):
+        done = install_certs(cluster, certs, tmp_path / "bin")
         assert done.returncode == 0, done.stdout + done.stderr
         assert "rollout restart" not in done.stdout
     core = client.CoreV1Api(api)

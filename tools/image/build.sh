@@ -94,6 +94,13 @@ ctr=$(buildah from --quiet "$IMAGE")
 buildah run --user 65532:65532 "$ctr" -- gpu-scheduler --version
 buildah rm "$ctr" >/dev/null
 
+# Earlier builds of the project image (other sources) go; base and pause stay.
+for old in "$CACHE"/localhost_gpu-scheduler_dev-*.tar; do
+  [ "$old" = "$CACHE/$(echo "$IMAGE" | tr '/:' '__').tar" ] || rm -f "$old"
+done
+buildah images --format '{{.Name}}:{{.Tag}}' | grep '^localhost/gpu-scheduler:dev-' \
+  | grep -vx "$IMAGE" | xargs -r buildah rmi --force >/dev/null 2>&1 || true
+
 printf 'GPU_SCHEDULER_IMAGE=%s\nPAUSE_IMAGE=%s\nBASE_IMAGE=%s\n' "$IMAGE" "$PAUSE" "$BASE" \
   > "$CACHE/images.env"
 echo "image: $IMAGE (pause: $PAUSE)"
