@@ -144,7 +144,7 @@ def cache_bytes_per_node(nodes: list[dict], pods: list[dict]) -> float:
     del parsed_pods
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    assert len(cache.nodes) == len(nodes)
+    assert len(cache.view().nodes) == len(nodes)
     return (after - before) / len(nodes)
 
 
