@@ -30,15 +30,16 @@ mkdir -p "$CACHE"
 digest() { sha256sum | cut -c1-12; }
 have() { buildah images --quiet "$1" >/dev/null 2>&1; }
 
-# cached NAME BUILD-FUNCTION: the image from the store, else from its archive, else built
+# cached NAME BUILD-FUNCTION: both the image in buildah's store and its archive (the
+# lab's real node loads the archive into containerd): each made from the other when
+# only one is there (another checkout on this machine built it), else built.
 cached() {
   local name=$1 build=$2 archive="$CACHE/$(echo "$1" | tr '/:' '__').tar"
-  if have "$name"; then return; fi
   if [ -f "$archive" ]; then
-    buildah pull --quiet "oci-archive:$archive:$name" >/dev/null
+    have "$name" || buildah pull --quiet "oci-archive:$archive:$name" >/dev/null
     return
   fi
-  "$build" "$name"
+  have "$name" || "$build" "$name"
   buildah push --quiet "$name" "oci-archive:$archive.tmp:$name"
   mv "$archive.tmp" "$archive"
 }
