@@ -39,38 +39,22 @@ class DemoNode:
     labels: dict[str, str] = field(default_factory=dict)
 
 
+SPOT = {contract.LABEL_KARPENTER_CAPACITY_TYPE: "spot"}
+ON_DEMAND = {contract.LABEL_EKS_CAPACITY_TYPE: "ON_DEMAND"}
+
+
+def where(zone: str, capacity: dict[str, str] | None = None) -> dict[str, str]:
+    """A demo node's labels: its zone and, for GPU nodes, its capacity type."""
+    return {contract.LABEL_ZONE: zone, **(capacity or {})}
+
+
 NODES = (
-    DemoNode(
-        "h100-spot-a1",
-        H100,
-        8,
-        {contract.LABEL_ZONE: "zone-a", contract.LABEL_KARPENTER_CAPACITY_TYPE: "spot"},
-    ),
-    DemoNode(
-        "h100-spot-a2",
-        H100,
-        8,
-        {contract.LABEL_ZONE: "zone-a", contract.LABEL_KARPENTER_CAPACITY_TYPE: "spot"},
-    ),
-    DemoNode(
-        "a100-od-b1",
-        A100,
-        4,
-        {contract.LABEL_ZONE: "zone-b", contract.LABEL_EKS_CAPACITY_TYPE: "ON_DEMAND"},
-    ),
-    DemoNode(
-        "a100-od-b2",
-        A100,
-        4,
-        {contract.LABEL_ZONE: "zone-b", contract.LABEL_EKS_CAPACITY_TYPE: "ON_DEMAND"},
-    ),
-    DemoNode(
-        "l4-od-c1",
-        L4,
-        2,
-        {contract.LABEL_ZONE: "zone-c", contract.LABEL_EKS_CAPACITY_TYPE: "ON_DEMAND"},
-    ),
-    DemoNode("cpu-c1", None, 0, {contract.LABEL_ZONE: "zone-c"}),
+    DemoNode("h100-spot-a1", H100, 8, where("zone-a", SPOT)),
+    DemoNode("h100-spot-a2", H100, 8, where("zone-a", SPOT)),
+    DemoNode("a100-od-b1", A100, 4, where("zone-b", ON_DEMAND)),
+    DemoNode("a100-od-b2", A100, 4, where("zone-b", ON_DEMAND)),
+    DemoNode("l4-od-c1", L4, 2, where("zone-c", ON_DEMAND)),
+    DemoNode("cpu-c1", None, 0, where("zone-c")),
 )
 
 # (name, GPUs, annotations, what the pod shows)
@@ -96,12 +80,7 @@ PODS: tuple[tuple[str, int, dict[str, str], str], ...] = (
 # a pod only it can take, which really runs there (from the image `make image` built).
 # The pod goes first and takes the node's one GPU, so the rest of the story is the same
 # with and without it.
-REAL_NODE = DemoNode(
-    "l40s-real-c2",
-    L40S,
-    1,
-    {contract.LABEL_ZONE: "zone-c", contract.LABEL_EKS_CAPACITY_TYPE: "ON_DEMAND"},
-)
+REAL_NODE = DemoNode("l40s-real-c2", L40S, 1, where("zone-c", ON_DEMAND))
 REAL_POD = ("render", 1, {contract.ANN_GPU_PRODUCTS: "NVIDIA-L40S"}, "only L40S: a real node")
 REAL_COMMAND = ["python3", "-c", "import socket; print('ran on', socket.gethostname())"]
 
