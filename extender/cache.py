@@ -22,7 +22,7 @@ from extender import metrics
 from extender.dra_index import DraIndex
 from extender.model import MAX_GPUS, NodeFacts, node_facts, parse_products
 from extender.reflector import Reflector
-from extender.view import View
+from extender.view import FreeState, View, free_state
 from extender.workload import TaskShape, task_shape, workload_mix
 from gpu_scheduler import contract
 from gpu_scheduler.fields import FieldError
@@ -135,6 +135,8 @@ class ClusterCache:
         self._cpu_used: dict[str, int] = {}
         self._ram_used: dict[str, int] = {}
         self._shapes: dict[TaskShape, int] = {}
+        # Each node's FreeState, refreshed where its facts or its pods change.
+        self._free: dict[str, FreeState] = {}
         self._lock = threading.Lock()
         self._node_version = 0
         self._pod_version = 0
@@ -167,10 +169,9 @@ class ClusterCache:
             nodes = MappingProxyType(dict(self._nodes))
         if old is not None and old.version == version:
             used, groups, pods = old.used, old.groups, old.pods
-            cpu_used, ram_used, mix = old.cpu_used, old.ram_used, old.mix
+            free, mix = old.free, old.mix
         else:
-            cpu_used = MappingProxyType(dict(self._cpu_used))
-            ram_used = MappingProxyType(dict(self._ram_used))
+            free = MappingProxyType(dict(self._free))
             mix = workload_mix(self._shapes)
             counted = dict(self._used)
             for name, facts in self._nodes.items():
@@ -186,8 +187,7 @@ class ClusterCache:
         snap = View(
             nodes=nodes,
             used=used,
-            cpu_used=cpu_used,
-            ram_used=ram_used,
+            free=free,
             mix=mix,
             groups=groups,
             pressure=MappingProxyType(self._pressure()),
@@ -276,6 +276,18 @@ class ClusterCache:
                     self._capacity[facts.model] = left
                 else:
                     self._capacity.pop(facts.model, None)
+        self._refresh_free(name)
+
+    def _refresh_free(self, name: str) -> None:
+        """Recompute a node's FreeState from its facts and its pods (lock held)."""
+        facts = self._nodes.get(name)
+        if facts is None:
+            self._free.pop(name, None)
+            return
+        used = self._dra.used(name) if facts.dra else self._used.get(name, 0)
+        self._free[name] = free_state(
+            facts, used, self._cpu_used.get(name, 0), self._ram_used.get(name, 0)
+        )
 
     def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
         fresh: dict[str, NodeFacts] = {}
@@ -287,7 +299,7 @@ class ClusterCache:
                 continue
             fresh[facts.name] = facts
         with self._lock:
-            self._base, self._nodes, self._capacity = fresh, {}, {}
+            self._base, self._nodes, self._capacity, self._free = fresh, {}, {}, {}
             for name in fresh:
                 self._set_facts(name)
             self._node_version += 1
@@ -324,6 +336,9 @@ class ClusterCache:
             self._node_version += 1
         if usage:
             self._pod_version += 1
+            for name, facts in self._nodes.items():
+                if facts.dra:  # claims hold these nodes' devices
+                    self._refresh_free(name)
         for kind, count in self._dra.counts().items():
             metrics.CACHE_OBJECTS.labels(kind).set(count)
         slices = self.reflectors.get("resourceslices")
@@ -365,6 +380,8 @@ class ClusterCache:
             for uid, record in records.items():
                 self._pods[uid] = record
                 self._account(record, 1)
+            for name in self._nodes:
+                self._refresh_free(name)
             self._pod_version += 1
         metrics.CACHE_OBJECTS.labels("pods").set(len(records))
 
@@ -375,9 +392,11 @@ class ClusterCache:
             old = self._pods.pop(uid, None)
             if old is not None:
                 self._account(old, -1)
+                self._refresh_free(old.node)
             if new is not None:
                 self._pods[new[0]] = new[1]
                 self._account(new[1], 1)
+                self._refresh_free(new[1].node)
             self._pod_version += 1
         metrics.CACHE_OBJECTS.labels("pods").set(len(self._pods))
         if old is None and new is not None and new[1].gpus and self.on_bound is not None:

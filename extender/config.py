@@ -1,7 +1,7 @@
 """The extender's YAML configuration: policy weights and limits.
 
 ```yaml
-weights: {gpu: 4, spot: 4, zone: 15, scarcity: 7, fragmentation: 10}  # each >= 1/10 of sum
+weights: {gpu: 5, spot: 5, zone: 15, scarcity: 15, fragmentation: 8}  # each >= 1/10 of sum
 disabled: []                          # policy names to switch off (e.g. [heartbeat])
 defaultPlacement: binpack             # or spread; pods override with an annotation
 heartbeatWindow: 15m                  # agent silent longer -> no new GPU pods; 0 = off

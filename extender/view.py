@@ -19,6 +19,22 @@ from extender.workload import MixEntry
 
 EMPTY: Mapping[Any, Any] = MappingProxyType({})
 
+#: What a node has left for the next GPU pod: (free GPUs, free CPU millicores, free
+#: memory MiB, GPU model). CPU and memory count what its bound GPU pods request; a node
+#: with unknown allocatable CPU or memory is not limited by it (:data:`UNLIMITED`).
+FreeState = tuple[int, int, int, str | None]
+UNLIMITED = 1 << 62
+
+
+def free_state(node: NodeFacts, used_gpus: int, cpu_used: int, ram_used: int) -> FreeState:
+    cpu, ram = node.cpu_milli, node.ram_mib
+    return (
+        node.allocatable - used_gpus,
+        UNLIMITED if cpu is None else cpu - cpu_used,
+        UNLIMITED if ram is None else ram - ram_used,
+        node.model,
+    )
+
 
 class View:
     """The cluster as one request sees it (``ClusterView`` in the policies)."""
@@ -26,14 +42,13 @@ class View:
     __slots__ = (
         "age",
         "beats",
-        "cpu_used",
+        "free",
         "groups",
         "knows_usage",
         "mix",
         "nodes",
         "pods",
         "pressure",
-        "ram_used",
         "stale",
         "time",
         "used",
@@ -45,8 +60,7 @@ class View:
         *,
         nodes: Mapping[str, NodeFacts] = EMPTY,
         used: Mapping[str, int] = EMPTY,
-        cpu_used: Mapping[str, int] = EMPTY,
-        ram_used: Mapping[str, int] = EMPTY,
+        free: Mapping[str, FreeState] = EMPTY,
         mix: tuple[MixEntry, ...] = (),
         groups: Mapping[tuple[str, str], Mapping[str, int]] = EMPTY,
         pressure: Mapping[str, float] = EMPTY,
@@ -62,9 +76,9 @@ class View:
         self.nodes = nodes
         #: GPUs requested by the pods bound to each node (absent: none).
         self.used = used
-        #: CPU (millicores) and memory (MiB) requested by the GPU pods bound to each node.
-        self.cpu_used = cpu_used
-        self.ram_used = ram_used
+        #: Each known node's :data:`FreeState`, kept current by the cache as pods come
+        #: and go, so a per-node loop reads one entry instead of deriving it.
+        self.free = free
         #: The shapes of the bound GPU pods, most common first (extender.workload).
         self.mix = mix
         #: (namespace, group) -> node -> pods of that placement group bound there.

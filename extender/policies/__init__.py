@@ -33,11 +33,11 @@ class Registration:
 #: openb trace's sample protocol (docs/BENCHMARKS.md, "Sample mode"); each must stay
 #: at least a tenth of their sum (extender.config).
 REGISTRY: dict[str, Registration] = {
-    "gpu": Registration(lambda cfg: GpuPolicy(), 4),
-    "spot": Registration(lambda cfg: SpotPolicy(), 4),
+    "gpu": Registration(lambda cfg: GpuPolicy(), 5),
+    "spot": Registration(lambda cfg: SpotPolicy(), 5),
     "zone": Registration(lambda cfg: ZonePolicy(), 15),
-    "scarcity": Registration(lambda cfg: ScarcityPolicy(), 7),
-    "fragmentation": Registration(lambda cfg: FragmentationPolicy(), 10),
+    "scarcity": Registration(lambda cfg: ScarcityPolicy(), 15),
+    "fragmentation": Registration(lambda cfg: FragmentationPolicy(), 8),
     "heartbeat": Registration(lambda cfg: HeartbeatPolicy(cfg.heartbeat_window_seconds), None),
 }
 

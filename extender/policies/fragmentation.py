@@ -17,8 +17,8 @@ Restricted shapes (``gpu-scheduler.io/gpu-products``) make a scarce product's GP
 fragmented for everyone else, so unrestricted pods are steered off it as demand
 restricted to it grows.
 
-Free CPU and memory count what the bound GPU pods request (the pods the cache keeps);
-a node with unknown allocatable CPU or memory is not limited by it.
+Free GPUs, CPU and memory are the view's :data:`~extender.view.FreeState` per node,
+which the cache keeps current as pods come and go.
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ from typing import ClassVar
 
 from extender.model import NodeFacts, PodFacts
 from extender.policies.base import ClusterView, Policy
+from extender.view import FreeState, free_state
 from extender.workload import MixEntry
-
-UNLIMITED = 1 << 62
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +61,6 @@ class FragmentationPolicy(Policy):
         # Per product, the shapes allowed on it: (gpus, cpu level, memory level, share).
         allowed: dict[str | None, list[tuple[int, int, int, float]]] = {}
         memo: dict[tuple[int, int, int, str | None], float] = {}
-        used, cpu_used, ram_used = view.used.get, view.cpu_used.get, view.ram_used.get
 
         def fragmented(free: int, cpu: int, ram: int, model: str | None) -> float:
             if free <= 0:
@@ -90,21 +88,18 @@ class FragmentationPolicy(Policy):
             return value
 
         # A node's score depends only on its state: nodes alike (the same type, the
-        # same use) share one evaluation. The hot loop does one dict lookup for them.
-        by_state: dict[tuple[int, int, int, str | None], float] = {}
+        # same use) share one evaluation. The cache keeps each node's state ready, so
+        # the hot loop does two dict lookups per node.
+        by_state: dict[FreeState, float] = {}
         known = by_state.get
+        free_of = view.free.get
         want, cpu_want, ram_want = state.gpus, state.cpu_milli, state.ram_mib
         scores = []
         append = scores.append
         for node in nodes:
-            name = node.name
-            cpu, ram = node.cpu_milli, node.ram_mib
-            key = (
-                node.allocatable - used(name, 0),
-                UNLIMITED if cpu is None else cpu - cpu_used(name, 0),
-                UNLIMITED if ram is None else ram - ram_used(name, 0),
-                node.model,
-            )
+            key = free_of(node.name)
+            if key is None:  # not in the cache's snapshot: its facts, no pods known
+                key = free_state(node, view.used.get(node.name, 0), 0, 0)
             score = known(key)
             if score is None:
                 free, cpu_free, ram_free, model = key

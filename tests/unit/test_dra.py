@@ -190,6 +190,7 @@ def test_dra_nodes_get_their_gpus_from_the_slices_and_their_use_from_claims():
     assert (dp.allocatable, dp.dra) == (8, False)
     assert view.used["dra-h100"] == 3  # from the claim, not 3 + the pod's 3
     assert view.used["dp"] == 2 and view.used.get("dra-l4", 0) == 0
+    assert view.free["dra-h100"][0] == 5 and view.free["dp"][0] == 6  # what policies read
 
 
 def test_every_policy_works_on_dra_nodes_as_on_device_plugin_nodes():
@@ -222,7 +223,7 @@ def test_every_policy_works_on_dra_nodes_as_on_device_plugin_nodes():
 def test_claims_and_slices_come_and_go():
     cache = dra_cache()
     cache.claim_event("DELETED", claim("c1", "dra-h100", ["gpu-0", "gpu-1", "gpu-2"]))
-    assert cache.view().used.get("dra-h100", 0) == 0
+    assert cache.view().used.get("dra-h100", 0) == 0 and cache.view().free["dra-h100"][0] == 8
     # a newer generation of the pool replaces the older one
     cache.slice_event("ADDED", resource_slice("dra-h100", [gpu_device(0)], generation=2))
     assert cache.view().nodes["dra-h100"].allocatable == 1

@@ -269,7 +269,7 @@ def test_group_zone_via_cache(cluster_client):
     pod = make_pod("w1", 1, annotations={contract.ANN_GROUP: "job", contract.ANN_SPOT: "avoid"})
     r = client.post("/prioritize", json=names_body(pod, ["a", "b"]))
     scores = {h["Host"]: h["Score"] for h in r.get_json()}
-    # zone (weight 15) outweighs binpack (4) and fragmentation (10) together: b (7 free,
+    # zone (weight 15) outweighs binpack (5) and fragmentation (8) together: b (7 free,
     # the group's zone) wins over a (2 free, another zone), which both of those prefer
     # (a's last 2 GPUs are stranded for the 3- and 6-GPU pods of the mix)
     assert scores["b"] > scores["a"]

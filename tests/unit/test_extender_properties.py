@@ -142,15 +142,25 @@ def test_cluster_mode_accounts_for_every_node(data, nodes, pod, unknown):
             st.sampled_from(["Pending", "Running", "Succeeded"]),
             st.sampled_from([None, "g"]),
             st.sampled_from([None, "T4", "T4,G2"]),
+            # before the pod event, the node: unchanged, resized/relabelled, or gone
+            st.sampled_from([None, (8, "32"), (4, "16"), (8, "64"), "gone"]),
         ),
         max_size=40,
     )
 )
 def test_watch_events_keep_the_same_totals_as_a_fresh_list(events):
+    nodes = {n: make_node(n, 8, zone=n) for n in ("n0", "n1", "n2")}
     cache = ClusterCache()
-    cache.replace_nodes([make_node(n, 8, zone=n) for n in ("n0", "n1", "n2")])
+    cache.replace_nodes(nodes.values())
     live = {}
-    for kind, i, node, gpus, phase, group, products in events:
+    for kind, i, node, gpus, phase, group, products, change in events:
+        if change == "gone":
+            if nodes.pop(node, None) is not None:
+                cache.node_event("DELETED", make_node(node))
+        elif change is not None:
+            kind_of_change = "MODIFIED" if node in nodes else "ADDED"
+            nodes[node] = make_node(node, change[0], zone=node, cpu=change[1])
+            cache.node_event(kind_of_change, nodes[node])
         annotations = {contract.ANN_GROUP: group} if group else {}
         if products:
             annotations[contract.ANN_GPU_PRODUCTS] = products
@@ -161,11 +171,13 @@ def test_watch_events_keep_the_same_totals_as_a_fresh_list(events):
         else:
             live[i] = pod
     fresh = ClusterCache()
-    fresh.replace_nodes([make_node(n, 8, zone=n) for n in ("n0", "n1", "n2")])
+    fresh.replace_nodes(nodes.values())
     fresh.replace_pods(live.values())
     seen, truth = cache.view(), fresh.view()
     for node in ("n0", "n1", "n2"):
         assert seen.used_gpus(node) == truth.used_gpus(node)
+    # What the fragmentation policy reads per node, kept by events, equals a relist's.
+    assert dict(seen.free) == dict(truth.free) and truth.free.keys() == nodes.keys()
     assert seen.group_zones("default", "g") == truth.group_zones("default", "g")
     assert cache._used == fresh._used and cache._groups == fresh._groups
     assert cache._demand_total == fresh._demand_total

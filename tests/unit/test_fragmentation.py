@@ -8,7 +8,7 @@ import pytest
 from extender.cache import ClusterCache
 from extender.model import NodeFacts, PodFacts
 from extender.policies.fragmentation import FragmentationPolicy
-from extender.view import View
+from extender.view import View, free_state
 from extender.workload import MAX_SHAPES, MixEntry, TaskShape, task_shape, workload_mix
 from gpu_scheduler import contract
 from tests.factories import make_node, make_pod
@@ -18,11 +18,14 @@ ANY_8 = TaskShape(8, 32000, 65536, None)
 
 
 def view(nodes, used=None, cpu=None, ram=None, mix=()):
+    used, cpu, ram = used or {}, cpu or {}, ram or {}
     return View(
         nodes={n.name: n for n in nodes},
-        used=used or {},
-        cpu_used=cpu or {},
-        ram_used=ram or {},
+        used=used,
+        free={
+            n.name: free_state(n, used.get(n.name, 0), cpu.get(n.name, 0), ram.get(n.name, 0))
+            for n in nodes
+        },
         mix=tuple(mix),
         knows_usage=True,
     )
@@ -123,22 +126,25 @@ def test_the_cache_keeps_cpu_memory_and_the_mix_of_bound_gpu_pods():
     cache.pod_event("ADDED", make_pod("p3", 2, node="b", phase="Running", annotations=restricted))
     cache.pod_event("ADDED", make_pod("cpu", 0, node="b", phase="Running"))
     v = cache.view()
-    assert dict(v.cpu_used) == {"a": 2000, "b": 1000}  # the CPU pod is not a GPU pod
-    assert dict(v.ram_used) == {"a": 2048, "b": 1024}
     assert v.nodes["a"].cpu_milli == 32000 and v.nodes["a"].ram_mib == 262144
+    # Free: allocatable less what the GPU pods ask (the CPU pod is not a GPU pod).
+    assert dict(v.free) == {
+        "a": (6, 30000, 262144 - 2048, "G2"),
+        "b": (6, 31000, 262144 - 1024, "T4"),
+    }
     assert [(e.shape, round(e.share, 3)) for e in v.mix] == [
         (TaskShape(1, 1000, 4096, None), 0.667),
         (TaskShape(2, 1000, 4096, ("T4",)), 0.333),
     ]
     cache.pod_event("DELETED", make_pod("p3", 2, node="b"))
     v = cache.view()
-    assert dict(v.cpu_used) == {"a": 2000} and len(v.mix) == 1
+    assert v.free["b"] == (8, 32000, 262144, "T4") and len(v.mix) == 1
     # A relist gives the same totals as the events did.
     cache.replace_pods(
         [make_pod("p1", 1, node="a", phase="Running"), make_pod("p2", 1, node="a", phase="Running")]
     )
     again = cache.view()
-    assert dict(again.cpu_used) == dict(v.cpu_used) and again.mix == v.mix
+    assert dict(again.free) == dict(v.free) and again.mix == v.mix
 
 
 def test_the_registry_and_the_default_weights_include_it():
