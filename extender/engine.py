@@ -95,12 +95,13 @@ def score_nodes(
     view: ClusterView,
     policies: Sequence[Policy],
     cfg: ExtenderConfig,
-    parts: dict[str, list[float]] | None = None,
+    parts: dict[str, Sequence[float]] | None = None,
 ) -> list[int]:
     """Integer scores 0..10, one per node (0 for unknown and unreadable nodes).
 
     ``parts``, when given, receives each scoring policy's own 0..10 score per node
-    (before weighting; 0 for unknown nodes): what a placement explanation shows."""
+    (before weighting; 0 for unknown nodes): what a placement explanation shows. They
+    are worked out when read, since an explanation reads a few of the candidates."""
     count = len(nodes)
     if pod.error is not None or count == 0:
         return [0] * count
@@ -108,7 +109,7 @@ def score_nodes(
     if not where:
         return [0] * count
     known = [nodes[i] for i in where]
-    totals = [0.0] * len(known)
+    totals: list[float] | None = None
     weight_sum = 0
     for policy in policies:
         weight = cfg.weight(policy.name)
@@ -119,24 +120,63 @@ def score_nodes(
             continue
         weight_sum += weight
         raw = policy.score_all(state, known, view)  # type: ignore[arg-type]
-        low, high = min(raw), max(raw)
-        if policy.absolute:  # already 0..1 on a fixed scale
-            norm = [MAX_SCORE * v for v in raw]
-        elif high == low:
-            norm = [float(MAX_SCORE)] * len(raw)
+        part = _Normalised(raw, policy.absolute, count, where)
+        # One pass per policy: total += weight x the normalised score (the same
+        # arithmetic, in the same order, as normalising first).
+        low, unit = part.low, part.unit
+        if totals is None:
+            totals = [0.0] * len(known)
+        if unit is None:  # every candidate alike: all get MAX_SCORE
+            flat = weight * float(MAX_SCORE)
+            totals = [t + flat for t in totals]
         else:
-            unit = MAX_SCORE / (high - low)
-            norm = [(v - low) * unit for v in raw]
-        totals = [t + weight * v for t, v in zip(totals, norm, strict=True)]
+            totals = [t + weight * ((v - low) * unit) for t, v in zip(totals, raw, strict=True)]
         if parts is not None:
-            parts[policy.name] = _placed(count, where, norm)
-    if weight_sum == 0:
+            parts[policy.name] = part
+    if weight_sum == 0 or totals is None:
         return [0] * count
     # Half up, then clamp: floating error must never step outside 0..10.
     inverse = 1.0 / weight_sum
     scores = [int(t * inverse + 0.5) for t in totals]
     scores = [MAX_SCORE if s > MAX_SCORE else 0 if s < 0 else s for s in scores]
     return _placed(count, where, scores, 0)
+
+
+class _Normalised(Sequence[float]):
+    """One policy's 0..10 scores over all ``count`` candidates, computed per item on
+    reading: min-max over the candidates it scored (``absolute``: raw x 10); all
+    alike -> MAX_SCORE; a candidate it did not score (unknown node) -> 0."""
+
+    __slots__ = ("_at", "_count", "low", "raw", "unit")
+
+    def __init__(self, raw: list[float], absolute: bool, count: int, where: list[int]) -> None:
+        self.raw = raw
+        self.low: float = 0.0
+        self.unit: float | None = float(MAX_SCORE)
+        if not absolute:
+            low, high = min(raw), max(raw)
+            self.low = low
+            self.unit = MAX_SCORE / (high - low) if high != low else None
+        # candidate position -> position among the scored ones (None: all were scored)
+        self._at = None if len(where) == count else {i: j for j, i in enumerate(where)}
+        self._count = count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._count))]
+        if i < 0:
+            i += self._count
+        if not 0 <= i < self._count:
+            raise IndexError(i)
+        j = i if self._at is None else self._at.get(i)
+        if j is None:
+            return 0.0
+        if self.unit is None:
+            return float(MAX_SCORE)
+        return (self.raw[j] - self.low) * self.unit
 
 
 def _placed(count: int, where: list[int], values: list[Any], missing: Any = 0.0) -> list[Any]:

@@ -26,6 +26,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from heapq import nsmallest
+from itertools import count
+from operator import neg
 from typing import Any
 
 from extender import metrics
@@ -75,7 +78,9 @@ def decision(
 ) -> Decision:
     """What one prioritize call decided: the ``keep`` best candidates, best first
     (ties by name), each with every scoring policy's 0..10 part."""
-    order = sorted(range(len(names)), key=lambda i: (-scores[i], names[i]))[:keep]
+    # This runs on every prioritize call, over up to every node of the cluster: the
+    # (negated score, name, position) tuples are made in C and only ``keep`` kept.
+    order = [i for _, _, i in nsmallest(keep, zip(map(neg, scores), names, count()))]
     top = tuple(
         Candidate(
             names[i], scores[i], tuple((policy, values[i]) for policy, values in parts.items())
