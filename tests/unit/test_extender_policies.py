@@ -238,6 +238,31 @@ def test_scores_are_ints_in_range_and_unknown_nodes_score_zero():
     assert scores[2] == 0
 
 
+def test_each_policys_parts_are_its_normalised_scores_by_candidate():
+    # a: 3 of 8 used, b: 2 of 2 free, c: unknown, d: 8 free. Binpack (raw = GPUs left
+    # after placing, negated) min-max over a, b, d: b 1 left -> 10, a 4 -> 5, d 7 -> 0.
+    nodes = [
+        *facts(make_node("a", 8, **H100), make_node("b", 2, **H100)),
+        None,
+        *facts(make_node("d", 8, **H100)),
+    ]
+    parts: dict = {}
+    pod = pod_facts(make_pod(gpus=1))
+    scores = score_nodes(pod, nodes, View(used={"a": 3}), build_policies(CFG), CFG, parts)
+    gpu = parts["gpu"]
+    assert len(gpu) == 4 and list(gpu) == [5.0, 10.0, 0.0, 0.0]
+    assert gpu[-4] == 5.0 and gpu[1:3] == [10.0, 0.0]
+    with pytest.raises(IndexError):
+        gpu[4]
+    assert list(parts["spot"]) == [10.0, 10.0, 0.0, 10.0]  # all alike: MAX_SCORE
+    # The total is the weighted mean of the parts, rounded half up.
+    weights = {name: CFG.weight(name) for name in parts}
+    for i in (0, 1, 3):
+        mean = sum(weights[p] * parts[p][i] for p in parts) / sum(weights.values())
+        assert scores[i] == int(mean + 0.5)
+    assert scores[2] == 0
+
+
 def test_weights_too_small_to_matter_are_rejected():
     with pytest.raises(ConfigError, match="under a tenth"):
         config_from_mapping({"weights": {"gpu": 20, "spot": 1, "zone": 1}})
