@@ -56,6 +56,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from kubernetes.client.exceptions import ApiException  # noqa: E402
+
 from gpu_scheduler.kube import watch_events  # noqa: E402
 from lab.controlplane import LocalCluster  # noqa: E402
 from lab.stack import DEFAULT_SCHEDULER_CONFIG, bare_stack, scheduler_config  # noqa: E402
@@ -167,9 +169,19 @@ class Outcomes:
 
 
 def clear_pods(core: Any, extender_port: int | None) -> None:
-    core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
     deadline = time.monotonic() + 300
-    while core.list_namespaced_pod(NAMESPACE, limit=1).items and time.monotonic() < deadline:
+    while True:
+        try:
+            # Thousands of pods: on a loaded machine the API server may answer 504
+            # while it goes on deleting; ask again until they are gone.
+            core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
+        except ApiException as exc:
+            if exc.status not in (429, 500, 503, 504) or time.monotonic() > deadline:
+                raise
+        if not core.list_namespaced_pod(NAMESPACE, limit=1).items:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError("pods of the last run still there after 300 s")
         time.sleep(0.5)
     if extender_port:  # the extender's cache must have seen them go, too
         import json
