@@ -175,8 +175,8 @@ class ClusterCache:
             mix = workload_mix(self._shapes)
             counted = dict(self._used)
             for name, facts in self._nodes.items():
-                if facts.dra:  # devices held by claims, not pods' requests: no double count
-                    counted[name] = self._dra.used(name)
+                if facts.dra:
+                    counted[name] = self._gpus_used(name, facts)
             used = MappingProxyType(counted)
             groups = MappingProxyType({k: dict(v) for k, v in self._groups.items()})
             pods = len(self._pods)
@@ -284,10 +284,17 @@ class ClusterCache:
         if facts is None:
             self._free.pop(name, None)
             return
-        used = self._dra.used(name) if facts.dra else self._used.get(name, 0)
         self._free[name] = free_state(
-            facts, used, self._cpu_used.get(name, 0), self._ram_used.get(name, 0)
+            facts,
+            self._gpus_used(name, facts),
+            self._cpu_used.get(name, 0),
+            self._ram_used.get(name, 0),
         )
+
+    def _gpus_used(self, name: str, facts: NodeFacts) -> int:
+        """GPUs in use on a node: on a DRA node the devices claims hold, not the pods'
+        requests (kube-scheduler counts those as claims too: no double count)."""
+        return self._dra.used(name) if facts.dra else self._used.get(name, 0)
 
     def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
         fresh: dict[str, NodeFacts] = {}

@@ -109,7 +109,7 @@ def score_nodes(
     if not where:
         return [0] * count
     known = [nodes[i] for i in where]
-    totals: list[float] | None = None
+    totals = [0.0] * len(known)
     weight_sum = 0
     for policy in policies:
         weight = cfg.weight(policy.name)
@@ -124,8 +124,6 @@ def score_nodes(
         # One pass per policy: total += weight x the normalised score (the same
         # arithmetic, in the same order, as normalising first).
         low, unit = part.low, part.unit
-        if totals is None:
-            totals = [0.0] * len(known)
         if unit is None:  # every candidate alike: all get MAX_SCORE
             flat = weight * float(MAX_SCORE)
             totals = [t + flat for t in totals]
@@ -133,7 +131,7 @@ def score_nodes(
             totals = [t + weight * ((v - low) * unit) for t, v in zip(totals, raw, strict=True)]
         if parts is not None:
             parts[policy.name] = part
-    if weight_sum == 0 or totals is None:
+    if weight_sum == 0:
         return [0] * count
     # Half up, then clamp: floating error must never step outside 0..10.
     inverse = 1.0 / weight_sum
