@@ -152,8 +152,8 @@ def _node_facts(name: str, meta: Mapping[str, Any], node: Mapping[str, Any]) -> 
     )
     present = label(contract.LABEL_GPU_PRESENT)
     label(contract.LABEL_GPU_MEMORY)
-    label(contract.LABEL_EKS_CAPACITY_TYPE)
-    label(contract.LABEL_KARPENTER_CAPACITY_TYPE)
+    for key, _spot in contract.SPOT_LABELS:
+        label(key)
     replicas = _replicas(label(contract.LABEL_GPU_REPLICAS))
     memory = contract.node_gpu_memory_mib(labels)
     allocatable_map = object_at(status, "allocatable", "status.allocatable")

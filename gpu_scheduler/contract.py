@@ -80,7 +80,25 @@ AGENT_LABELS: tuple[str, ...] = (
 # Well-known labels written by others and read by the extender.
 LABEL_ZONE = "topology.kubernetes.io/zone"
 LABEL_EKS_CAPACITY_TYPE = "eks.amazonaws.com/capacityType"  # SPOT / ON_DEMAND
-LABEL_KARPENTER_CAPACITY_TYPE = "karpenter.sh/capacity-type"  # spot / on-demand
+LABEL_KARPENTER_CAPACITY_TYPE = "karpenter.sh/capacity-type"  # spot / on-demand / reserved
+LABEL_GKE_SPOT = "cloud.google.com/gke-spot"  # "true" on Spot VMs
+LABEL_GKE_PREEMPTIBLE = "cloud.google.com/gke-preemptible"  # "true" on preemptible VMs
+LABEL_AKS_PRIORITY = "kubernetes.azure.com/scalesetpriority"  # "spot" on spot pools
+
+#: Each cloud's spot label and the one value that marks spot capacity, as the platform
+#: writes it (exact, case included): EKS managed node groups, Karpenter (any cloud),
+#: GKE Spot and preemptible VMs, AKS spot node pools. A node is spot when any of these
+#: carries its value; it is on-demand when one of the keys is there with another value
+#: or when none is there at all. This is exactly what required node affinity can say
+#: (``NotIn`` on each key to forbid spot, one ``In`` term per key to require it), so
+#: the webhook's affinity and the extender's filter refuse the same nodes.
+SPOT_LABELS: tuple[tuple[str, str], ...] = (
+    (LABEL_EKS_CAPACITY_TYPE, "SPOT"),
+    (LABEL_KARPENTER_CAPACITY_TYPE, "spot"),
+    (LABEL_GKE_SPOT, "true"),
+    (LABEL_GKE_PREEMPTIBLE, "true"),
+    (LABEL_AKS_PRIORITY, "spot"),
+)
 # Labels that mark a GPU node before our agent runs there (the agent DaemonSet's affinity).
 LABEL_NFD_NVIDIA_PCI = "feature.node.kubernetes.io/pci-10de.present"
 LABEL_EKS_ACCELERATOR = "k8s.amazonaws.com/accelerator"
@@ -220,14 +238,18 @@ def parse_mib(value: Any) -> int:
 
 
 def capacity_type(labels: Mapping[str, Any]) -> str | None:
-    """``spot`` or ``on-demand`` from the well-known capacity-type labels, else None."""
-    eks = labels.get(LABEL_EKS_CAPACITY_TYPE)
-    if eks and isinstance(eks, str):
-        return "spot" if eks.upper() == "SPOT" else "on-demand"
-    karpenter = labels.get(LABEL_KARPENTER_CAPACITY_TYPE)
-    if karpenter and isinstance(karpenter, str):
-        return "spot" if karpenter.lower() == "spot" else "on-demand"
-    return None
+    """``spot`` when any cloud's spot label (:data:`SPOT_LABELS`) carries its spot
+    value; ``on-demand`` when one of those keys is there with another value; None when
+    the node carries none of them (the policies count that as on-demand)."""
+    known = False
+    for key, spot in SPOT_LABELS:
+        value = labels.get(key)
+        if value is None:
+            continue
+        if value == spot:
+            return "spot"
+        known = True
+    return "on-demand" if known else None
 
 
 def node_gpu_memory_mib(labels: Mapping[str, Any]) -> int | None:

@@ -3,7 +3,11 @@
 Rules, for a pod that requests ``nvidia.com/gpu`` (counted by the shared contract):
 
 * ``spec.schedulerName`` is set to the configured profile when it is absent, empty or
-  ``default-scheduler``. Another explicitly chosen scheduler is never overridden.
+  ``default-scheduler``. Another explicitly chosen scheduler is never overridden, and
+  neither is the scheduler of a pod whose node is already decided: one with
+  ``spec.nodeName``, or one a DaemonSet owns (its controller pins it to its node by
+  node affinity; the GPU Operator's validator is one). Routing those through the
+  extender could only add a way to fail for the pods that bring a GPU node up.
 * Each required toleration (the GPU one, then the configured extras) is added unless
   a toleration already on the pod *covers* it: tolerates every taint it tolerates.
   This is done for every GPU pod, also when another scheduler was kept, as
@@ -89,6 +93,7 @@ def decide(pod: Any, cfg: WebhookConfig) -> Decision:
             raise
         return _uninterpretable(f"cannot read its {RESOURCE_GPU} request: {exc}")
     current = string_at(spec, "schedulerName", "spec.schedulerName")
+    decided = node_decided(metadata, spec)
     raw_tolerations = spec.get("tolerations")
     tolerations = list_at(spec, "tolerations", "spec.tolerations")
     have = [_checked_toleration(t, f"spec.tolerations[{i}]") for i, t in enumerate(tolerations)]
@@ -99,7 +104,9 @@ def decide(pod: Any, cfg: WebhookConfig) -> Decision:
     warnings: list[str] = []
     changes: list[str] = []
     scheduler = current or DEFAULT_SCHEDULER
-    if current in (None, "", DEFAULT_SCHEDULER) and cfg.scheduler_name != current:
+    if decided:
+        pass  # its node is chosen: the toleration below is all it needs
+    elif current in (None, "", DEFAULT_SCHEDULER) and cfg.scheduler_name != current:
         op = "replace" if "schedulerName" in spec else "add"
         patch.append({"op": op, "path": "/spec/schedulerName", "value": cfg.scheduler_name})
         warnings.append(
@@ -129,7 +136,26 @@ def decide(pod: Any, cfg: WebhookConfig) -> Decision:
         gpus=gpus,
         changes=tuple(changes),
         scheduler=scheduler,
+        detail=decided or "",
     )
+
+
+def node_decided(metadata: Mapping[str, Any], spec: Mapping[str, Any]) -> str | None:
+    """Why this pod's node is already decided (``spec.nodeName`` set, or a DaemonSet as
+    its controller), or None. Raises :class:`FieldError` for a field of the wrong type."""
+    node = string_at(spec, "nodeName", "spec.nodeName")
+    if node:
+        return f"spec.nodeName is {clip_text(node)}"
+    for i, ref in enumerate(list_at(metadata, "ownerReferences", "metadata.ownerReferences")):
+        where = f"metadata.ownerReferences[{i}]"
+        ref = expect_object(ref, where)
+        kind = string_at(ref, "kind", f"{where}.kind")
+        controller = ref.get("controller")
+        if controller is not None and not isinstance(controller, bool):
+            raise FieldError(f"{where}.controller", "must be a boolean")
+        if kind == "DaemonSet" and controller and ref.get("apiVersion") == "apps/v1":
+            return "owned by a DaemonSet, which pins it to its node"
+    return None
 
 
 def _checked_toleration(value: Any, path: str) -> Mapping[str, Any]:

@@ -1,4 +1,5 @@
-"""spot: spot or on-demand capacity, from EKS's and Karpenter's capacity-type labels."""
+"""spot: spot or on-demand capacity, from each cloud's spot label (EKS, Karpenter, GKE,
+AKS: ``contract.SPOT_LABELS``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from extender.model import NodeFacts, PodFacts
 from extender.policies.base import ClusterView, Failure, Policy
 from gpu_scheduler import contract
 
-_LABELS = f"{contract.LABEL_EKS_CAPACITY_TYPE} / {contract.LABEL_KARPENTER_CAPACITY_TYPE}"
+_LABELS = ", ".join(f"{key}={value}" for key, value in contract.SPOT_LABELS)
 NOT_SPOT = Failure(
-    f"node is not spot capacity ({_LABELS}) and the pod has {contract.ANN_SPOT}=require", True
+    f"node is not spot capacity (none of {_LABELS}) and the pod has {contract.ANN_SPOT}=require",
+    True,
 )
 IS_SPOT = Failure(f"node is spot capacity and the pod has {contract.ANN_SPOT}=forbid", True)
 

@@ -105,14 +105,33 @@ def test_parse_mib_rejects_garbage():
         contract.parse_mib("lots")
 
 
-def test_capacity_type_from_either_label():
-    assert contract.capacity_type({contract.LABEL_EKS_CAPACITY_TYPE: "SPOT"}) == "spot"
-    assert contract.capacity_type({contract.LABEL_EKS_CAPACITY_TYPE: "ON_DEMAND"}) == "on-demand"
-    assert contract.capacity_type({contract.LABEL_KARPENTER_CAPACITY_TYPE: "spot"}) == "spot"
-    assert (
-        contract.capacity_type({contract.LABEL_KARPENTER_CAPACITY_TYPE: "on-demand"}) == "on-demand"
+# Each cloud's spot label as the platform writes it (spelled out here, not taken from
+# the contract's table, so a typo there fails): EKS managed node groups, Karpenter,
+# GKE Spot VMs, GKE preemptible VMs, AKS spot pools.
+@pytest.mark.parametrize(
+    "key, spot, other",
+    [
+        ("eks.amazonaws.com/capacityType", "SPOT", "ON_DEMAND"),
+        ("karpenter.sh/capacity-type", "spot", "on-demand"),
+        ("cloud.google.com/gke-spot", "true", "false"),
+        ("cloud.google.com/gke-preemptible", "true", "false"),
+        ("kubernetes.azure.com/scalesetpriority", "spot", "regular"),
+    ],
+)
+def test_capacity_type_per_cloud_label(key, spot, other):
+    assert contract.capacity_type({key: spot}) == "spot"
+    assert contract.capacity_type({key: other}) == "on-demand"
+    # Exact values, as node affinity compares them: another spelling is not spot.
+    assert contract.capacity_type({key: spot.swapcase()}) == "on-demand"
+    # Any cloud's spot label makes the node spot, whatever another key says.
+    assert contract.capacity_type({"eks.amazonaws.com/capacityType": "ON_DEMAND", key: spot}) == (
+        "spot"
     )
+
+
+def test_capacity_type_unknown_without_any_label():
     assert contract.capacity_type({}) is None
+    assert contract.capacity_type({"topology.kubernetes.io/zone": "a"}) is None
 
 
 def test_gpu_memory_label_and_legacy_fallback():

@@ -189,6 +189,26 @@ def test_spot_require_and_forbid_filter():
     assert out.passed == ["o", "u"] and "spot capacity" in out.unresolvable["s"]
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("eks.amazonaws.com/capacityType", "SPOT"),
+        ("karpenter.sh/capacity-type", "spot"),
+        ("cloud.google.com/gke-spot", "true"),
+        ("cloud.google.com/gke-preemptible", "true"),
+        ("kubernetes.azure.com/scalesetpriority", "spot"),
+    ],
+)
+def test_spot_on_every_cloud(key, value):
+    nodes = facts(make_node("s", 8, extra_labels={key: value}, **H100), make_node("o", 8, **H100))
+    out = run_filter(make_pod(annotations={contract.ANN_SPOT: "forbid"}), nodes)
+    assert out.passed == ["o"] and "spot capacity" in out.unresolvable["s"]
+    out = run_filter(make_pod(annotations={contract.ANN_SPOT: "require"}), nodes)
+    assert out.passed == ["s"] and set(out.unresolvable) == {"o"}
+    scores = run_score(make_pod(annotations={contract.ANN_SPOT: "prefer"}), nodes)
+    assert scores[0] > scores[1]
+
+
 # --- zone --------------------------------------------------------------------------
 def test_group_is_drawn_to_its_zone():
     nodes = facts(

@@ -88,6 +88,53 @@ def test_other_scheduler_is_kept_but_toleration_still_added() -> None:
     assert patched(p)["spec"]["schedulerName"] == "volcano"
 
 
+def test_pod_with_node_name_keeps_its_scheduler() -> None:
+    p = pod(nodeName="gpu-node-1")
+    d = decide(p, CFG)
+    assert d.changes == ("tolerations",) and d.scheduler == "default-scheduler"
+    assert "spec.nodeName is gpu-node-1" in d.detail
+    assert "schedulerName" not in patched(p)["spec"]
+
+
+DS_OWNER = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "validator", "uid": "u"}
+
+
+@pytest.mark.parametrize(
+    ("owner", "rerouted"),
+    [
+        ({**DS_OWNER, "controller": True}, False),
+        ({**DS_OWNER, "controller": False}, True),  # not its controller
+        (DS_OWNER, True),  # no controller field: not its controller
+        ({**DS_OWNER, "controller": True, "kind": "ReplicaSet"}, True),
+        ({**DS_OWNER, "controller": True, "apiVersion": "example.com/v1"}, True),
+    ],
+)
+def test_daemonset_pod_keeps_its_scheduler(owner: dict[str, Any], rerouted: bool) -> None:
+    p = pod()
+    p["metadata"]["ownerReferences"] = [owner]
+    out = patched(p)
+    assert out["spec"]["tolerations"] == [GPU_TOLERATION]  # it still must land on a GPU node
+    assert (out["spec"].get("schedulerName") == "gpu-scheduler") is rerouted
+
+
+@pytest.mark.parametrize(
+    ("meta", "spec", "field"),
+    [
+        ({"ownerReferences": {}}, {}, "metadata.ownerReferences"),
+        ({"ownerReferences": ["x"]}, {}, "metadata.ownerReferences[0]"),
+        ({"ownerReferences": [{"kind": 1}]}, {}, "metadata.ownerReferences[0].kind"),
+        ({"ownerReferences": [{"controller": "y"}]}, {}, "ownerReferences[0].controller"),
+        ({}, {"nodeName": 7}, "spec.nodeName"),
+    ],
+)
+def test_decided_pod_fields_of_the_wrong_type(meta: dict, spec: dict, field: str) -> None:
+    p = pod(**spec)
+    p["metadata"].update(meta)
+    with pytest.raises(FieldError) as err:
+        decide(p, CFG)
+    assert field in str(err.value)
+
+
 def test_configured_scheduler_name() -> None:
     cfg = WebhookConfig(scheduler_name="gpu-binpack")
     assert patched(pod(), cfg)["spec"]["schedulerName"] == "gpu-binpack"
