@@ -6,26 +6,21 @@ BIN := $(VENV)/bin
 # Reinstall when the project's dependencies change.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-K8S_VERSION := $(shell sed -n 's/^const Version = "\(.*\)"/\1/p' tools/k8s/main.go)
-HELM_VERSION := $(shell sed -n 's|^\s*helm.sh/helm/v4 \(v[0-9.]*\).*|\1|p' tools/k8s/go.mod)
-# Stamp the versions the binaries report (the API server's /version, which Helm's
-# kubeVersion checks read; `helm version`), as upstream's release builds do.
-K8S_MINOR := $(word 2,$(subst ., ,$(K8S_VERSION)))
-K8S_LDFLAGS := -s -w \
-  -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
-  -X k8s.io/component-base/version.gitMajor=1 \
-  -X k8s.io/component-base/version.gitMinor=$(K8S_MINOR) \
-  -X k8s.io/component-base/version.gitTreeState=clean \
-  -X helm.sh/helm/v4/internal/version.version=$(HELM_VERSION)
-K8S_DIR := .cache/k8s/$(K8S_VERSION)-$(shell (cat tools/k8s/go.mod tools/k8s/go.sum tools/k8s/main.go; echo '$(K8S_LDFLAGS)') | sha1sum | cut -c1-8)
-K8S_BIN := $(K8S_DIR)/k8s
-export GPU_SCHEDULER_K8S_BIN := $(abspath $(K8S_BIN))
+# The control plane of each supported Kubernetes minor (1.34 ... 1.37), built from that
+# release's Go modules by tools/k8s/build.sh into .cache/k8s/<version>-<hash>/ and
+# cached there. The newest is the lab's default; `make test` also runs a smoke e2e on
+# the oldest; `make e2e K8S_MINOR=1.35` runs the whole e2e suite on any of them.
+K8S_BUILD := tools/k8s/build.sh
+K8S_MINORS := $(shell $(K8S_BUILD) --minors)
+K8S_OLDEST := $(firstword $(K8S_MINORS))
+K8S_MINOR ?= $(lastword $(K8S_MINORS))
+export GPU_SCHEDULER_K8S_BIN := $(shell $(K8S_BUILD) --path)
 HAVE_GO := $(shell command -v go 2>/dev/null)
 # What `make image` needs; without it the real-node e2e tests say so and skip (CI: fail).
 HAVE_IMAGE_TOOLS := $(shell command -v buildah >/dev/null && command -v debootstrap >/dev/null \
   && command -v gcc >/dev/null && [ "$$(id -u)" = 0 ] && echo yes)
 
-.PHONY: test lint unit install controlplane image demo bench clean
+.PHONY: test lint unit install controlplane controlplanes e2e image demo bench clean
 
 install: $(STAMP)
 
@@ -36,17 +31,19 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-* && touch $@
 
 # The Kubernetes binary (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubelet, kubectl and helm in one), built from the Kubernetes Go modules into a git-ignored
-# folder keyed by version and by the module's files; skipped when already there.
-controlplane: $(K8S_BIN)
+# kubelet, kubectl; helm in the newest minor's) of one minor; skipped when built.
+controlplane:
+	$(K8S_BUILD) $(K8S_MINOR)
 
-$(K8S_BIN): tools/k8s/go.mod tools/k8s/go.sum tools/k8s/main.go
-	@mkdir -p $(K8S_DIR)
-	@echo "building the control plane $(K8S_VERSION) into $(K8S_DIR) (cold: 20-30 min on 2 cores; one line per package)"
-	cd tools/k8s && go build -v -trimpath -ldflags='$(K8S_LDFLAGS)' -o $(abspath $(K8S_BIN)).tmp . 2>&1 \
-	  | awk '{ n++; printf "\r[control plane] %5d packages built: %-70.70s", n, $$0; fflush() } END { print "" }'
-	@test -x $(K8S_BIN).tmp && mv $(K8S_BIN).tmp $(K8S_BIN)
-	@echo "control plane ready: $(K8S_BIN)"
+controlplane-%:
+	$(K8S_BUILD) $*
+
+# Every supported minor (the version matrix).
+controlplanes: $(addprefix controlplane-,$(K8S_MINORS))
+
+# The whole e2e suite on one minor: make e2e K8S_MINOR=1.34 (helm from the newest).
+e2e: $(STAMP) controlplane-$(K8S_MINOR) $(if $(HAVE_IMAGE_TOOLS),image)
+	GPU_SCHEDULER_K8S_BIN=$$($(K8S_BUILD) --path $(K8S_MINOR)) $(BIN)/pytest tests/e2e
 
 # The project image from the Dockerfile (buildah, no daemon) on a Debian base made with
 # debootstrap, and the pause image; cached under .cache/images/ by their inputs.
@@ -62,7 +59,7 @@ unit: $(STAMP)
 # The README's test command: lint, unit, HTTP and property tests, and the end-to-end
 # tests on the real control plane (built first where Go is installed; in CI it must be),
 # one of them on a real node running the image (built first where buildah is installed).
-test: $(STAMP) $(if $(HAVE_GO),controlplane) $(if $(HAVE_IMAGE_TOOLS),image)
+test: $(STAMP) $(if $(HAVE_GO),controlplane controlplane-$(K8S_OLDEST)) $(if $(HAVE_IMAGE_TOOLS),image)
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 

@@ -59,13 +59,65 @@ REAL_NODE_CONTROLLERS = ("root-ca-cert-publisher", "endpointslice", "endpoint")
 
 
 
-def find_binary() -> Path | None:
-    """The control-plane binary: $GPU_SCHEDULER_K8S_BIN, else the newest build in .cache/."""
+BUILD_SCRIPT = ROOT / "tools" / "k8s" / "build.sh"
+
+
+def build_path(minor: str | None = None) -> Path | None:
+    """Where ``tools/k8s/build.sh`` builds the control plane of ``minor`` (``"1.34"``;
+    None: the newest supported), if that build is there. The script is the one place
+    that knows the folder's name (version and a hash of the module's files)."""
+    done = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--path", *([minor] if minor else [])],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    path = Path(done.stdout.strip()) if done.returncode == 0 else None
+    return path if path is not None and path.is_file() else None
+
+
+def supported_minors() -> list[str]:
+    """The Kubernetes minors the lab builds, oldest first (``tools/k8s/build.sh``)."""
+    done = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--minors"], capture_output=True, text=True, check=True
+    )
+    return done.stdout.split()
+
+
+def find_binary(minor: str | None = None) -> Path | None:
+    """The control-plane binary under test: that of ``minor`` when one is named; else
+    $GPU_SCHEDULER_K8S_BIN (``make e2e K8S_MINOR=...`` points it at any supported
+    minor), else the newest minor's build, else the newest build in .cache/."""
+    if minor is not None:
+        return build_path(minor)
     env = os.environ.get(BINARY_ENV)
     if env and Path(env).is_file():
         return Path(env)
+    built = build_path()
+    if built is not None:
+        return built
     builds = sorted(glob.glob(str(ROOT / ".cache" / "k8s" / "*" / "k8s")), key=os.path.getmtime)
     return Path(builds[-1]) if builds else None
+
+
+def binary_minor(binary: Path) -> int:
+    """The Kubernetes minor a control-plane binary was built from (``k8s version``)."""
+    done = subprocess.run([str(binary), "version"], capture_output=True, text=True, check=True)
+    return int(done.stdout.strip().split(".")[1])
+
+
+def feature_gates(minor: int) -> tuple[str, ...]:
+    """Gates the lab turns on where a minor has them off by default: DRA's mapping of an
+    extended resource (``nvidia.com/gpu``) to a DeviceClass, alpha in 1.34 and 1.35 and
+    on by default from 1.36. A cluster that serves GPU pods from a DRA driver on 1.34 or
+    1.35 turns it on the same way, in the API server and the scheduler."""
+    return ("DRAExtendedResource=true",) if minor < 36 else ()
+
+
+def tools_binary() -> Path | None:
+    """The newest minor's build, which alone carries helm (a client, used against a
+    control plane of any supported minor)."""
+    return build_path() or find_binary()
 
 
 @dataclass
@@ -80,6 +132,11 @@ class LocalCluster:
     processes: dict[str, Process] = field(default_factory=dict)
     etcd_port: int = 0
     real_node: bool = False
+    minor: int = 0  # the Kubernetes minor of ``binary``
+    gates: tuple[str, ...] = ()  # --feature-gates of every component (feature_gates())
+
+    def gate_flags(self) -> list[str]:
+        return [f"--feature-gates={','.join(self.gates)}"] if self.gates else []
 
     @property
     def server(self) -> str:
@@ -185,10 +242,14 @@ class LocalCluster:
         return "\n".join(parts)
 
     def k8s(self, *args: str, timeout: float = 120, check: bool = True) -> str:
-        """Run a component of the binary (e.g. ``kubectl``) against this cluster."""
+        """Run a component of the binary (e.g. ``kubectl``; ``helm`` from the newest
+        minor's build) against this cluster."""
         cmd = [str(self.binary), *args]
         if args and args[0] == "kubectl":
             cmd = [str(self.binary), "kubectl", f"--kubeconfig={self.kubeconfig}", *args[1:]]
+        elif args and args[0] == "helm":
+            cmd = [str(tools_binary() or self.binary), "helm", f"--kubeconfig={self.kubeconfig}"]
+            cmd += args[1:]
         done = subprocess.run(
             cmd, capture_output=True, text=True, timeout=timeout, env=clean_env(), cwd=ROOT
         )
@@ -219,6 +280,7 @@ class LocalCluster:
                 f"--secure-port={port}",
                 f"--authentication-kubeconfig={self.kubeconfig}",
                 f"--authorization-kubeconfig={self.kubeconfig}",
+                *self.gate_flags(),
                 "-v=2",
             ],
         )
@@ -242,9 +304,18 @@ def _write_kubeconfig(path: Path, server: str, ca_file: Path, token: str) -> Non
 
 
 def start_control_plane(
-    workdir: Path, binary: Path | None = None, *, real_node: bool = False
+    workdir: Path,
+    binary: Path | None = None,
+    *,
+    real_node: bool = False,
+    apiserver_args: tuple[str, ...] = (),
+    gates: tuple[str, ...] | None = None,
 ) -> LocalCluster:
     """etcd, kube-apiserver and kube-controller-manager, ready to use.
+
+    ``apiserver_args``: more kube-apiserver flags, as a managed cloud sets its own
+    (``--runtime-config=resource.k8s.io/v1=false``, an admission configuration file).
+    ``gates``: every component's feature gates, instead of :func:`feature_gates`'.
 
     ``real_node``: ready for :func:`lab.realnode.start_real_node`: the API server also
     listens on the pods' bridge, its certificate names the ``kubernetes`` Service IP,
@@ -283,16 +354,20 @@ def start_control_plane(
     api_port = free_port()
     cluster = LocalCluster(workdir, binary, api_port, workdir / "kubeconfig", pki / store.CA_CERT)
     cluster.real_node = real_node
+    cluster.minor = binary_minor(binary)
+    cluster.gates = feature_gates(cluster.minor) if gates is None else gates
     _write_kubeconfig(cluster.kubeconfig, cluster.server, cluster.ca_file, ADMIN_TOKEN)
     try:
-        _start_core(cluster, pki, tokens)
+        _start_core(cluster, pki, tokens, apiserver_args)
     except BaseException:
         cluster.stop()
         raise
     return cluster
 
 
-def _start_core(cluster: LocalCluster, pki: Path, tokens: Path) -> None:
+def _start_core(
+    cluster: LocalCluster, pki: Path, tokens: Path, apiserver_args: tuple[str, ...]
+) -> None:
     binary, workdir = str(cluster.binary), cluster.workdir
     etcd_port, peer_port = free_port(), free_port()
     cluster.etcd_port = etcd_port
@@ -348,6 +423,8 @@ def _start_core(cluster: LocalCluster, pki: Path, tokens: Path) -> None:
             "--enable-priority-and-fairness=false",
             "--profiling=false",
             "-v=1",
+            *cluster.gate_flags(),
+            *apiserver_args,
         ],
     )
     wait_url(
@@ -373,6 +450,7 @@ def _start_core(cluster: LocalCluster, pki: Path, tokens: Path) -> None:
             "--bind-address=127.0.0.1",
             f"--secure-port={free_port()}",
             "--concurrent-deployment-syncs=2",
+            *cluster.gate_flags(),
             "-v=1",
         ],
     )

@@ -326,13 +326,23 @@ def bare_stack(prefix: str) -> Iterator[tuple[Stack, Any]]:
 
 
 def start_stack(
-    workdir: Path, *, extender_config: dict[str, Any] | None = None, real_node: bool = False
+    workdir: Path,
+    *,
+    extender_config: dict[str, Any] | None = None,
+    real_node: bool = False,
+    binary: Path | None = None,
+    apiserver_args: tuple[str, ...] = (),
+    gates: tuple[str, ...] | None = None,
 ) -> Stack:
     """Control plane, kubelet shim, extender, webhook (registered) and both schedulers,
     with TLS where the install has it: the webhook's serving certificate, and the
-    extender's, whose verbs need kube-scheduler's client certificate."""
+    extender's, whose verbs need kube-scheduler's client certificate. ``binary``: the
+    control plane of another minor (:func:`lab.controlplane.find_binary`);
+    ``apiserver_args`` and ``gates``: as :func:`lab.controlplane.start_control_plane`."""
     started = time.monotonic()
-    cluster = start_control_plane(workdir, real_node=real_node)
+    cluster = start_control_plane(
+        workdir, binary, real_node=real_node, apiserver_args=apiserver_args, gates=gates
+    )
     stack = Stack(cluster, workdir)
     try:
         stack.api = cluster.api_client()

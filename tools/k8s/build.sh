@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The control plane of one supported Kubernetes minor, built from that release's Go
+# modules into .cache/k8s/<version>-<hash>/k8s (git-ignored), keyed by the module's
+# files; skipped when already there.
+#
+#   tools/k8s/build.sh [MINOR]          build (MINOR: 1.34 ... 1.37; default the newest)
+#   tools/k8s/build.sh --path [MINOR]   print where that build is (or would be) only
+#   tools/k8s/build.sh --minors         list the supported minors, oldest first
+#
+# The newest minor's module is tools/k8s itself (it also carries helm: helm.go); each
+# older one is tools/k8s/v1.NN, a go.mod of its own that links tools/k8s/components.go.
+set -euo pipefail
+cd "$(dirname "$0")"
+HERE=$(pwd)
+ROOT=$(cd ../.. && pwd)
+
+minors() {
+  { for dir in v1.*/; do [ -f "$dir/go.mod" ] && echo "${dir%/}" | sed 's/^v//'; done
+    sed -n 's/^\s*k8s.io\/kubernetes v\([0-9]*\.[0-9]*\)\..*/\1/p' go.mod; } | sort -t. -k2n -u
+}
+newest() { minors | tail -1; }
+
+module_dir() {  # the Go module of one minor
+  local minor=$1
+  if [ "$minor" = "$(newest)" ]; then echo "$HERE"; elif [ -f "v$minor/go.mod" ]; then
+    echo "$HERE/v$minor"; else
+    echo "unsupported Kubernetes minor $minor (supported: $(minors | tr '\n' ' '))" >&2; exit 2; fi
+}
+
+version_of() { sed -n 's/^\s*k8s.io\/kubernetes \(v[0-9.]*\).*/\1/p' "$1/go.mod" | head -1; }
+
+ldflags() {  # the versions the binaries report, as upstream's release builds stamp them
+  local version=$1 dir=$2 helm
+  local minor=${version#v1.}; minor=${minor%%.*}
+  echo -n "-s -w -X main.Version=$version -X k8s.io/component-base/version.gitVersion=$version"
+  echo -n " -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+  echo -n " -X k8s.io/component-base/version.gitTreeState=clean"
+  helm=$(sed -n 's|^\s*helm.sh/helm/v4 \(v[0-9.]*\).*|\1|p' "$dir/go.mod")
+  [ -z "$helm" ] || echo -n " -X helm.sh/helm/v4/internal/version.version=$helm"
+}
+
+path_of() {
+  local dir version flags hash
+  dir=$(module_dir "$1"); version=$(version_of "$dir"); flags=$(ldflags "$version" "$dir")
+  hash=$( (cat "$dir/go.mod" "$dir/go.sum" "$dir"/*.go; echo "$flags") | sha1sum | cut -c1-8)
+  echo "$ROOT/.cache/k8s/$version-$hash/k8s"
+}
+
+case "${1:-}" in
+  --minors) minors; exit 0 ;;
+  --path) path_of "${2:-$(newest)}"; exit 0 ;;
+esac
+minor=${1:-$(newest)}
+bin=$(path_of "$minor")
+[ -x "$bin" ] && { echo "control plane $minor: $bin"; exit 0; }
+dir=$(module_dir "$minor"); version=$(version_of "$dir")
+mkdir -p "$(dirname "$bin")"
+echo "building the control plane $version into $(dirname "$bin") (cold: 15-25 min on 2 cores)"
+start=$SECONDS
+(cd "$dir" && go build -v -trimpath -ldflags="$(ldflags "$version" "$dir")" -o "$bin.tmp" . 2>&1) \
+  | awk -v v="$version" '{ n++; printf "\r[control plane %s] %5d packages built: %-60.60s", v, n, $0; fflush() } END { print "" }'
+test -x "$bin.tmp" && mv "$bin.tmp" "$bin"
+echo "control plane $version ready in $((SECONDS - start)) s: $bin"
