@@ -59,3 +59,11 @@ def pytest_runtest_makereport(item, call):
             stack = item.funcargs.get(fixture) if fixture in item.fixturenames else None
             if stack is not None:
                 report.sections.append((f"{fixture}: component logs", stack.cluster.failures()))
+
+
+@pytest.fixture(scope="session")
+def helm_binary(control_plane_binary):
+    """helm: the newest minor's build carries it, whatever minor is under test."""
+    from lab.controlplane import tools_binary
+
+    return tools_binary() or control_plane_binary

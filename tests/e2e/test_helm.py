@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import copy
 import re
+import time
 from typing import Any
 
 import pytest
 import yaml
 
 from lab.controlplane import ROOT
-from lab.stack import NAMESPACE
+from lab.stack import NAMESPACE, deploy_documents
 from tests.e2e.kube import install_certs
 
 CHART = ROOT / "charts" / "gpu-scheduler"
@@ -44,6 +45,19 @@ def _run(binary, *args: str) -> str:
 def helm_template(binary, *values: str) -> list[dict[str, Any]]:
     out = _run(binary, "helm", "template", "gpu-scheduler", str(CHART), "-n", NAMESPACE, *values)
     return [d for d in yaml.safe_load_all(out) if d]
+
+
+def base_scheduler_image() -> str:
+    """kube-scheduler's image in the kustomize base (deploy/scheduler/)."""
+    (deployment,) = [d for d in deploy_documents("scheduler") if d["kind"] == "Deployment"]
+    return deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+
+
+def scheduler_image(docs: list[dict[str, Any]]) -> str:
+    (deployment,) = [
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gpu-scheduler"
+    ]
+    return deployment["spec"]["template"]["spec"]["containers"][0]["image"]
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
@@ -72,8 +86,10 @@ def _normalise(docs: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[st
     return out
 
 
-def test_helm_template_equals_kubectl_kustomize(control_plane_binary):
-    chart = _normalise(helm_template(control_plane_binary))
+def test_helm_template_equals_kubectl_kustomize(control_plane_binary, helm_binary):
+    # For the cluster version the base's kube-scheduler image names, the two are one.
+    version = base_scheduler_image().rsplit(":", 1)[1]
+    chart = _normalise(helm_template(helm_binary, "--kube-version", version))
     kustomize = _normalise(
         list(
             yaml.safe_load_all(
@@ -87,14 +103,14 @@ def test_helm_template_equals_kubectl_kustomize(control_plane_binary):
 
 
 @pytest.mark.parametrize("values", MODES, ids=lambda v: " ".join(v[1::2]) or "defaults")
-def test_helm_lint_is_clean(control_plane_binary, values):
-    out = _run(control_plane_binary, "helm", "lint", "--strict", str(CHART), *values)
+def test_helm_lint_is_clean(helm_binary, values):
+    out = _run(helm_binary, "helm", "lint", "--strict", str(CHART), *values)
     assert "0 chart(s) failed" in out and "[WARNING]" not in out and "[ERROR]" not in out, out
 
 
-def test_the_modes_render_what_they_say(control_plane_binary):
+def test_the_modes_render_what_they_say(helm_binary):
     def kinds(*values: str) -> dict[tuple[str, str, str], dict[str, Any]]:
-        return {_key(d): d for d in helm_template(control_plane_binary, *values)}
+        return {_key(d): d for d in helm_template(helm_binary, *values)}
 
     managed = kinds("--set", "certificates.mode=cert-manager")
     assert ("Certificate", NAMESPACE, "gpu-scheduler-scheduler") in managed
@@ -120,7 +136,7 @@ def test_the_modes_render_what_they_say(control_plane_binary):
     other = {
         _key(d): d
         for d in yaml.safe_load_all(
-            _run(control_plane_binary, "helm", "template", "x", str(CHART), "-n", "gpu-other")
+            _run(helm_binary, "helm", "template", "x", str(CHART), "-n", "gpu-other")
         )
         if d
     }
@@ -131,25 +147,33 @@ def test_the_modes_render_what_they_say(control_plane_binary):
     )
 
 
-@pytest.fixture(scope="module")
-def fresh_cluster(tmp_path_factory, control_plane_binary):
-    """A control plane of its own: the chart registers a webhook for every GPU pod and
-    cluster-wide names, which must not meet the shared stack's."""
+@pytest.fixture(scope="module", params=["newest", "oldest"])
+def fresh_cluster(request, tmp_path_factory, control_plane_binary):
+    """A control plane of its own (the chart registers a webhook for every GPU pod and
+    cluster-wide names, which must not meet the shared stack's): the minor under test,
+    then the oldest supported one."""
     from lab.controlplane import start_control_plane
 
-    cluster = start_control_plane(tmp_path_factory.mktemp("helm"))
+    binary = control_plane_binary
+    if request.param == "oldest":
+        from tests.e2e.test_versions import oldest_binary
+
+        binary = oldest_binary()
+        if binary == control_plane_binary:
+            pytest.skip("the minor under test is the oldest")
+    cluster = start_control_plane(tmp_path_factory.mktemp(f"helm-{request.param}"), binary)
     yield cluster
     cluster.stop()
 
 
-def test_helm_install_then_install_certs(fresh_cluster, tmp_path):
+def test_helm_install_then_install_certs(fresh_cluster, helm_binary, tmp_path):
     import base64
 
     from kubernetes import client
 
     cluster = fresh_cluster
     out = _run(
-        cluster.binary,
+        helm_binary,
         "helm",
         "install",
         "gpu-scheduler",
@@ -160,8 +184,17 @@ def test_helm_install_then_install_certs(fresh_cluster, tmp_path):
         f"--kubeconfig={cluster.kubeconfig}",
     )
     assert "STATUS: deployed" in out, out
-    rendered = helm_template(cluster.binary)
     api = cluster.api_client()
+    # kube-scheduler's image follows the cluster it was installed into.
+    version = client.VersionApi(api).get_code().git_version
+    assert version.startswith(f"v1.{cluster.minor}.")
+    apps = client.AppsV1Api(api)
+    installed = apps.read_namespaced_deployment("gpu-scheduler", NAMESPACE)
+    assert installed.spec.template.spec.containers[0].image == (
+        f"registry.k8s.io/kube-scheduler:{version}"
+    )
+    rendered = helm_template(helm_binary, "--kube-version", version)
+    assert scheduler_image(rendered) == f"registry.k8s.io/kube-scheduler:{version}"
     for obj in rendered:
         kind, namespace, name = _key(obj)
         args = ["kubectl", f"--kubeconfig={cluster.kubeconfig}", "get", kind, name, "-o", "name"]
@@ -187,24 +220,40 @@ def test_helm_install_then_install_certs(fresh_cluster, tmp_path):
     (hook,) = admission.read_mutating_webhook_configuration("gpu-scheduler-webhook").webhooks
     assert base64.b64decode(hook.client_config.ca_bundle) == (certs / "ca" / "ca.crt").read_bytes()
 
-    # The rendered KubeSchedulerConfiguration is one kube-scheduler accepts (it builds
-    # the extender client from it, reading the certificate files).
+    # The rendered KubeSchedulerConfiguration is one this minor's kube-scheduler runs
+    # with: it builds the extender client from it (reading the certificate files),
+    # starts, and answers /healthz.
     config = client.CoreV1Api(api).read_namespaced_config_map("gpu-scheduler-config", NAMESPACE)
-    path = tmp_path / "scheduler-config.yaml"
     parsed = yaml.safe_load(config.data["scheduler-config.yaml"])
-    parsed["clientConnection"] = {"kubeconfig": str(cluster.kubeconfig)}  # in-cluster in a pod
     # The files of the Secret gpu-scheduler-scheduler-tls, where the pod mounts them.
     tls = parsed["extenders"][0]["tlsConfig"]
     for field, name in (("certFile", "tls.crt"), ("keyFile", "tls.key"), ("caFile", "ca.crt")):
         assert tls[field] == f"/etc/gpu-scheduler/tls/{name}"
         tls[field] = str(certs / "scheduler" / name)
-    path.write_text(yaml.safe_dump(parsed))
-    _run(
-        cluster.binary,
-        "kube-scheduler",
-        f"--config={path}",
-        f"--write-config-to={tmp_path / 'out.yaml'}",
+    cluster.start_scheduler("gpu-scheduler-from-chart", parsed)
+    time.sleep(3)  # its informers list every kind it schedules with
+    log = cluster.processes["gpu-scheduler-from-chart"].log_path.read_text()
+    assert "could not find the requested resource" not in log, log[-3000:]
+    cluster.stop_process("gpu-scheduler-from-chart")
+
+
+def test_kustomize_users_pin_the_scheduler_to_their_cluster(control_plane_binary, tmp_path):
+    """The README's overlay for kustomize users: kube-scheduler's image set to the
+    cluster's version."""
+    import re as _re
+
+    readme = (ROOT / "README.md").read_text()
+    block = _re.search(r"```yaml\n(# kustomization.yaml: kube-scheduler.*?)```", readme, _re.S)
+    assert block, "README: the kube-scheduler version overlay"
+    overlay = yaml.safe_load(block[1])
+    import os
+
+    # The README points at the reader's clone; kustomize takes relative paths only.
+    overlay["resources"] = [os.path.relpath(ROOT / "deploy", tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    docs = list(
+        yaml.safe_load_all(_run(control_plane_binary, "kubectl", "kustomize", str(tmp_path)))
     )
-    assert (
-        yaml.safe_load((tmp_path / "out.yaml").read_text())["extenders"][0]["enableHTTPS"] is True
-    )
+    wanted = overlay["images"][0]
+    assert scheduler_image(docs) == f"{wanted['name']}:{wanted['newTag']}"
+    assert scheduler_image(docs) != base_scheduler_image()

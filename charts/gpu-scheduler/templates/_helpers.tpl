@@ -63,3 +63,18 @@ securityContext:
 {{- define "gpu-scheduler.agentUser" -}}
 system:serviceaccount:{{ .Release.Namespace }}:gpu-scheduler-agent
 {{- end }}
+
+{{/* kube-scheduler's image: the cluster's own version unless a tag is given
+(v1.34.4-eks-1a2b3c → v1.34.4), and never newer than the API server nor more than one
+minor older (Kubernetes' version-skew policy for kube-scheduler). */}}
+{{- define "gpu-scheduler.schedulerImage" -}}
+{{- $cluster := semver .Capabilities.KubeVersion.Version -}}
+{{- $tag := .Values.scheduler.image.tag | default (printf "v%d.%d.%d" $cluster.Major $cluster.Minor $cluster.Patch) -}}
+{{- if not .Values.scheduler.image.skipVersionCheck -}}
+{{- $want := semver $tag -}}
+{{- if or (ne $want.Major $cluster.Major) (gt $want.Minor $cluster.Minor) (lt $want.Minor (sub $cluster.Minor 1)) -}}
+{{- fail (printf "scheduler.image.tag %s does not suit this cluster's Kubernetes %s: kube-scheduler must not be newer than its API server, and at most one minor older (leave the tag empty to follow the cluster, or set scheduler.image.skipVersionCheck)" $tag .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- end -}}
+{{ .Values.scheduler.image.repository }}:{{ $tag }}
+{{- end }}
