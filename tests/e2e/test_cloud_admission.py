@@ -1,0 +1,103 @@
+"""The install on an API server that limits the critical priority classes, as GKE's
+does: the ResourceQuota admission plugin's ``limitedResources`` admits pods of
+``system-cluster-critical`` / ``system-node-critical`` outside kube-system only in a
+namespace with a ResourceQuota whose scopeSelector names them (Kubernetes docs, "Limit
+Priority Class consumption by default"). deploy/ carries that quota; every pod of the
+install is created."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpu_scheduler import contract
+from lab.controlplane import ROOT, start_control_plane
+from lab.kubelet_shim import node_object
+from lab.stack import NAMESPACE
+from tests.helpers import wait_for
+
+CRITICAL = ["system-node-critical", "system-cluster-critical"]
+ADMISSION = {
+    "apiVersion": "apiserver.config.k8s.io/v1",
+    "kind": "AdmissionConfiguration",
+    "plugins": [
+        {
+            "name": "ResourceQuota",
+            "configuration": {
+                "apiVersion": "apiserver.config.k8s.io/v1",
+                "kind": "ResourceQuotaConfiguration",
+                "limitedResources": [
+                    {
+                        "resource": "pods",
+                        "matchScopes": [
+                            {"scopeName": "PriorityClass", "operator": "In", "values": CRITICAL}
+                        ],
+                    }
+                ],
+            },
+        }
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory, control_plane_binary):
+    work = tmp_path_factory.mktemp("gke-admission")
+    config = work / "admission.yaml"
+    config.write_text(yaml.safe_dump(ADMISSION))
+    cluster = start_control_plane(
+        work / "cluster",
+        control_plane_binary,
+        apiserver_args=(f"--admission-control-config-file={config}",),
+    )
+    yield cluster
+    cluster.stop()
+
+
+def critical_pod(name: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "priorityClassName": "system-cluster-critical",
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
+
+
+def test_every_pod_of_the_install_is_created(limited):
+    api = limited.api_client()
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    # The rule is on: a critical pod where no quota names the class is refused.
+    with pytest.raises(ApiException) as refused:
+        core.create_namespaced_pod("default", critical_pod("no-quota-here"))
+    assert "insufficient quota to match these scopes" in refused.value.body
+    core.create_node(
+        node_object("gpu-1", labels={contract.LABEL_GPU_PRESENT: "true"}, gpus=8)
+    )
+    # The NVIDIA container toolkit (GPU Operator) installs it; the agent runs with it.
+    runtime = {"metadata": {"name": "nvidia"}, "handler": "nvidia"}
+    client.NodeV1Api(api).create_runtime_class(runtime)
+    limited.k8s("kubectl", "apply", "--server-side", "-k", str(ROOT / "deploy"))
+
+    deployments = apps.list_namespaced_deployment(NAMESPACE).items
+    assert {d.metadata.name for d in deployments} == {
+        "gpu-scheduler", "gpu-scheduler-extender", "gpu-scheduler-webhook"
+    }
+    wanted = sum(d.spec.replicas for d in deployments) + 1  # + the agent on gpu-1
+
+    def created() -> int:
+        return len(core.list_namespaced_pod(NAMESPACE).items)
+
+    def failures() -> list[str]:
+        events = core.list_namespaced_event(NAMESPACE).items
+        return [e.message for e in events if e.reason == "FailedCreate"]
+
+    wait_for(lambda: created() == wanted, 90, f"{wanted} pods ({failures()})")
+    assert wanted == 7
+    classes = {p.spec.priority_class_name for p in core.list_namespaced_pod(NAMESPACE).items}
+    assert classes == set(CRITICAL)
+    assert not [m for m in failures() if "insufficient quota" in m]
