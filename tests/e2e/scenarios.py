@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from kubernetes import client
 
-from gpu_scheduler import contract
+from gpu_scheduler import contract, dra
 from lab.controlplane import start_control_plane
 from lab.processes import Process, free_port
 from lab.stack import Stack, scheduler_config
@@ -22,6 +23,63 @@ from tests.e2e.kube import create_node, create_pod, gpu_labels, pod_manifest, un
 H100 = ("NVIDIA-H100-80GB-HBM3", 81559)
 TOLERATE_GPU = [dict(contract.GPU_TOLERATION)]
 GPU_TAINT = [{"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}]
+
+
+# --- DRA: GPUs as the NVIDIA DRA driver publishes them ------------------------------
+def device(i: int, product: str, mib: int) -> dict[str, Any]:
+    """A GPU as the NVIDIA DRA driver publishes it (kubernetes-sigs/dra-driver-nvidia-gpu)."""
+    return {
+        "name": f"gpu-{i}",
+        "attributes": {
+            "type": {"string": "gpu"},
+            "uuid": {"string": f"GPU-{product[-4:]}-{i:04d}"},
+            "productName": {"string": product},
+            "brand": {"string": "Nvidia"},
+            "architecture": {"string": "Hopper" if "H100" in product else "Ada Lovelace"},
+            "cudaComputeCapability": {"version": "9.0.0" if "H100" in product else "8.9.0"},
+            "driverVersion": {"version": "550.54.15"},
+            "cudaDriverVersion": {"version": "12.4.0"},
+            "resource.kubernetes.io/pciBusID": {"string": f"0000:{16 + i:02x}:00.0"},
+        },
+        "capacity": {"memory": {"value": f"{mib}Mi"}},
+    }
+
+
+def publish_slice(stack: Stack, node: str, product: str, mib: int, count: int) -> None:
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": f"{node}-gpu.nvidia.com-"},
+        "spec": {
+            "driver": dra.NVIDIA_DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [device(i, product, mib) for i in range(count)],
+        },
+    }
+    client.ResourceV1Api(stack.api).create_resource_slice(body)
+
+
+def create_gpu_device_class(stack: Stack) -> None:
+    """The NVIDIA DRA driver's DeviceClass, mapped to ``nvidia.com/gpu`` pods."""
+    client.ResourceV1Api(stack.api).create_device_class(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "gpu.nvidia.com"},
+            "spec": {
+                "selectors": [
+                    {
+                        "cel": {
+                            "expression": "device.driver == 'gpu.nvidia.com' && "
+                            "device.attributes['gpu.nvidia.com'].type == 'gpu'"
+                        }
+                    }
+                ],
+                "extendedResourceName": contract.RESOURCE_GPU,
+            },
+        }
+    )
 
 
 def own_stack(workdir: Path, binary: Path) -> Stack:

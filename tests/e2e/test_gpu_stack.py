@@ -18,7 +18,13 @@ from kubernetes import client
 
 from gpu_scheduler import contract, dra
 from tests.e2e.kube import core, create_node, gpu_labels, wait_bound, wait_event
-from tests.e2e.scenarios import GPU_TAINT, own_stack, scenario
+from tests.e2e.scenarios import (
+    GPU_TAINT,
+    create_gpu_device_class,
+    own_stack,
+    publish_slice,
+    scenario,
+)
 from tests.helpers import wait_for
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gpus"
@@ -107,61 +113,9 @@ def test_capacity_on_still_defers_to_the_device_plugin(lab):
 # --- DRA -----------------------------------------------------------------------------
 
 
-def device(i: int, product: str, mib: int) -> dict[str, Any]:
-    """A GPU as the NVIDIA DRA driver publishes it (kubernetes-sigs/dra-driver-nvidia-gpu)."""
-    return {
-        "name": f"gpu-{i}",
-        "attributes": {
-            "type": {"string": "gpu"},
-            "uuid": {"string": f"GPU-{product[-4:]}-{i:04d}"},
-            "productName": {"string": product},
-            "brand": {"string": "Nvidia"},
-            "architecture": {"string": "Hopper" if "H100" in product else "Ada Lovelace"},
-            "cudaComputeCapability": {"version": "9.0.0" if "H100" in product else "8.9.0"},
-            "driverVersion": {"version": "550.54.15"},
-            "cudaDriverVersion": {"version": "12.4.0"},
-            "resource.kubernetes.io/pciBusID": {"string": f"0000:{16 + i:02x}:00.0"},
-        },
-        "capacity": {"memory": {"value": f"{mib}Mi"}},
-    }
-
-
-def publish_slice(stack, node: str, product: str, mib: int, count: int) -> None:
-    body = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"generateName": f"{node}-gpu.nvidia.com-"},
-        "spec": {
-            "driver": dra.NVIDIA_DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [device(i, product, mib) for i in range(count)],
-        },
-    }
-    client.ResourceV1Api(stack.api).create_resource_slice(body)
-
-
 @pytest.fixture(scope="module")
 def dra_nodes(lab):
-    api = client.ResourceV1Api(lab.api)
-    api.create_device_class(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": "gpu.nvidia.com"},
-            "spec": {
-                "selectors": [
-                    {
-                        "cel": {
-                            "expression": "device.driver == 'gpu.nvidia.com' && "
-                            "device.attributes['gpu.nvidia.com'].type == 'gpu'"
-                        }
-                    }
-                ],
-                "extendedResourceName": contract.RESOURCE_GPU,
-            },
-        }
-    )
+    create_gpu_device_class(lab)
     h100 = create_node(lab, "dra-h100", case="dra", taints=GPU_TAINT)
     l4 = create_node(lab, "dra-l4", case="dra", taints=GPU_TAINT)
     a100 = create_node(lab, "dp-a100", case="dra", gpus=8, taints=GPU_TAINT,

@@ -81,3 +81,63 @@ def test_webhook_down_fails_gpu_pods_only(stack):
         stack.start_webhook()
     pod = create_pod(stack, pod_manifest(unique("gpu"), 1, case="no-such-nodes"))
     assert pod["spec"]["schedulerName"] == contract.SCHEDULER_NAME
+
+
+def test_decided_pods_keep_the_default_scheduler_while_the_extender_is_down(stack):
+    """A GPU-requesting DaemonSet (the GPU Operator's validator is one) and a pod with
+    spec.nodeName have their node decided: the webhook leaves their scheduler alone,
+    so they are placed with our extender stopped."""
+    from kubernetes import client, utils
+
+    from tests.e2e.kube import create_node, gpu_labels
+    from tests.e2e.scenarios import GPU_TAINT
+    from tests.helpers import wait_for
+
+    case = unique("decided")
+    nodes = {
+        create_node(
+            stack, unique(case), case=case, gpus=2, taints=GPU_TAINT,
+            labels=gpu_labels(2, "NVIDIA-L4", 23034),
+        )
+        for _ in range(2)
+    }
+    core, apps = client.CoreV1Api(stack.api), client.AppsV1Api(stack.api)
+    stack.cluster.stop_process("extender")
+    try:
+        name = unique("validator")
+        # Like the GPU Operator's DaemonSets, it tolerates the GPU taint in its template:
+        # the DaemonSet controller decides where it runs from the template alone.
+        pod = pod_manifest(name, 1, case=case, tolerations=[dict(contract.GPU_TOLERATION)])
+        template = {"metadata": {"labels": {"app": name}}, "spec": pod["spec"]}
+        daemonset = {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {"app": name}}, "template": template},
+        }
+        utils.create_from_dict(stack.api, daemonset)
+
+        def placed() -> dict[str, str]:
+            pods = core.list_namespaced_pod("default", label_selector=f"app={name}").items
+            return {p.spec.node_name: p.spec.scheduler_name for p in pods if p.spec.node_name}
+
+        def seen() -> str:
+            pods = core.list_namespaced_pod("default", label_selector=f"app={name}").items
+            found = core.list_namespaced_event("default").items
+            return f"{[(p.metadata.name, p.spec.node_name) for p in pods]} " + str(
+                [e.message for e in found if name in (e.involved_object.name or "")][-5:]
+            )
+
+        try:
+            wait_for(lambda: set(placed()) == nodes, 60, "a daemon pod bound on each GPU node")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}: {seen()}") from None
+        assert set(placed().values()) == {contract.DEFAULT_SCHEDULER}
+        pinned = create_pod(
+            stack, pod_manifest(unique("pinned"), 1, node_name=sorted(nodes)[0])
+        )
+        assert pinned["spec"]["schedulerName"] == contract.DEFAULT_SCHEDULER
+        assert any(t.get("key") == contract.RESOURCE_GPU for t in pinned["spec"]["tolerations"])
+        apps.delete_namespaced_daemon_set(name, "default")
+    finally:
+        stack.start_extender(tls=True)
