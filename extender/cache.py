@@ -20,11 +20,12 @@ from typing import Any
 
 from extender import metrics
 from extender.dra_index import DraIndex
-from extender.model import MAX_GPUS, NodeFacts, node_facts, parse_products
+from extender.model import MAX_GPUS, NodeFacts, node_facts
 from extender.reflector import Reflector
 from extender.view import FreeState, View, free_state
 from extender.workload import TaskShape, task_shape, workload_mix
 from gpu_scheduler import contract
+from gpu_scheduler.constraints import parse_products
 from gpu_scheduler.fields import FieldError
 
 log = logging.getLogger(__name__)

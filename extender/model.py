@@ -13,21 +13,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_scheduler import contract
+from gpu_scheduler.constraints import annotation_reader, hard_constraints
 from gpu_scheduler.fields import FieldError, expect_object, object_at, string_at
 from gpu_scheduler.quantity import QuantityError, parse_count, parse_quantity, type_name
 from gpu_scheduler.textclip import clip
 from gpu_scheduler.timestamps import rfc3339_seconds
 
 PLACEMENTS = ("binpack", "spread")
-SPOT_PREFERENCES = ("prefer", "avoid", "require", "forbid")
 
 _intern = sys.intern
 #: Longest Node name (a DNS subdomain) and namespace/name of a pod we keep.
 MAX_NAME = 253
 #: More GPUs than any node has; bigger counts are clamped so arithmetic stays small.
 MAX_GPUS = 1 << 20
-#: ``gpu-products``: at most this many products, each a label value (<= 63 characters).
-MAX_PRODUCTS = 64
 
 
 class NodeFacts:
@@ -224,13 +222,6 @@ class PodFacts:
         return f"{self.namespace}/{self.name}"
 
 
-def parse_products(raw: str) -> frozenset[str] | None:
-    """``gpu-scheduler.io/gpu-products``: a comma list of product label values. GFD's
-    ``-SHARED`` suffix is dropped: a pod naming the model means it shared or not."""
-    found = (contract.base_product(p.strip()) for p in raw.split(",") if p.strip())
-    return frozenset(found) or None
-
-
 def _bounded_name(value: Any, fallback: str) -> str:
     """A namespace or name for logs and keys: the string if it is a sane one."""
     if isinstance(value, str) and 0 < len(value) <= MAX_NAME:
@@ -255,38 +246,9 @@ def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> Pod
         gpus = contract.pod_gpu_request(pod.get("spec"))
     except FieldError as exc:
         return PodFacts(namespace, name, 0, error=f"the Pod object is malformed: {exc}")
-    errors: list[str] = []
-
-    def annotation(key: str) -> str | None:
-        value = annotations.get(key)
-        if value is None or isinstance(value, str):
-            return value
-        errors.append(f"{key} must be a string, not {type_name(value)}")
-        return None
-
-    min_memory = None
-    raw = annotation(contract.ANN_MIN_GPU_MEMORY)
-    if raw is not None:
-        try:
-            min_memory = contract.parse_mib(raw)
-        except QuantityError as exc:
-            errors.append(
-                f"{contract.ANN_MIN_GPU_MEMORY}={clip(raw)} is not a memory size "
-                f"(use e.g. 40Gi, 80G, or MiB as an integer): {exc}"
-            )
-
-    products = None
-    raw = annotation(contract.ANN_GPU_PRODUCTS)
-    if raw is not None:
-        products = parse_products(raw)
-        if products is None:
-            errors.append(f"{contract.ANN_GPU_PRODUCTS} is empty")
-        elif len(products) > MAX_PRODUCTS or max(map(len, products)) > 63:
-            errors.append(
-                f"{contract.ANN_GPU_PRODUCTS}={clip(raw)}: at most {MAX_PRODUCTS} "
-                "products, each a label value of at most 63 characters"
-            )
-            products = None
+    hard = hard_constraints(annotations)
+    errors = list(hard.errors)
+    annotation = annotation_reader(annotations, errors)
 
     placement = annotation(contract.ANN_PLACEMENT)
     placement = default_placement if placement is None else placement
@@ -294,10 +256,7 @@ def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> Pod
         errors.append(f"{contract.ANN_PLACEMENT}={clip(placement)}: use binpack or spread")
         placement = default_placement
 
-    spot = annotation(contract.ANN_SPOT)
-    if spot is not None and spot not in SPOT_PREFERENCES:
-        errors.append(f"{contract.ANN_SPOT}={clip(spot)}: use prefer, avoid, require or forbid")
-        spot = None
+    spot = hard.spot
     if spot is None and gpus > 0:
         spot = "avoid"
 
@@ -307,8 +266,8 @@ def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> Pod
         namespace=namespace,
         name=name,
         gpus=gpus,
-        min_memory_mib=min_memory,
-        products=products,
+        min_memory_mib=hard.min_memory_mib,
+        products=hard.products,
         placement=placement,
         spot=spot,
         group=group,

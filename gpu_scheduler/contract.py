@@ -253,14 +253,20 @@ def capacity_type(labels: Mapping[str, Any]) -> str | None:
 
 
 def node_gpu_memory_mib(labels: Mapping[str, Any]) -> int | None:
-    """MiB per GPU from ``nvidia.com/gpu.memory``, falling back to the legacy label.
+    """MiB per GPU from ``nvidia.com/gpu.memory``; from the legacy label only where that
+    one is absent. None when the label read is not an integer, as kube-scheduler's
+    node affinity reads one for ``Gt``/``Lt`` (Go's ``strconv.ParseInt``: a label value
+    can only be plain digits there, at most 2**63-1): so a pod's ``min-gpu-memory``
+    written as node affinity admits exactly the nodes this admits."""
+    key = LABEL_GPU_MEMORY if LABEL_GPU_MEMORY in labels else LABEL_GPU_MEMORY_LEGACY
+    return label_int(labels.get(key))
 
-    None when neither carries a plain decimal integer (label values are at most 63
-    characters, so the integer is bounded)."""
-    for key in (LABEL_GPU_MEMORY, LABEL_GPU_MEMORY_LEGACY):
-        value = labels.get(key)
-        if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
-            return int(value)
+
+def label_int(value: Any) -> int | None:
+    """A label value as node affinity's ``Gt``/``Lt`` read it: digits within int64."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 63:
+        number = int(value)
+        return number if number < 1 << 63 else None
     return None
 
 

@@ -18,7 +18,7 @@ from gpu_scheduler.fields import FieldError
 from gpu_scheduler.http import BadInput
 from gpu_scheduler.textclip import clip, clip_text
 from webhook.config import WebhookConfig
-from webhook.mutate import IGNORED, Decision, decide
+from webhook.mutate import IGNORED, REFUSED, Decision, decide
 
 API_VERSION = "admission.k8s.io/v1"
 #: A UID is 36 characters; the answer echoes it, so it is bounded.
@@ -113,7 +113,12 @@ def review(body: Any, cfg: WebhookConfig) -> tuple[dict[str, Any], Request, Deci
 
 
 def review_response(uid: str, decision: Decision) -> dict[str, Any]:
-    response: dict[str, Any] = {"uid": uid, "allowed": True}
+    if decision.outcome == REFUSED:
+        # 422, as the API server's own validation answers a pod it cannot accept.
+        status = {"code": 422, "reason": "Invalid", "message": f"gpu-scheduler: {decision.detail}"}
+        response: dict[str, Any] = {"uid": uid, "allowed": False, "status": status}
+        return {"apiVersion": API_VERSION, "kind": KIND, "response": response}
+    response = {"uid": uid, "allowed": True}
     if decision.patch:
         raw = json.dumps(decision.patch, separators=(",", ":")).encode()
         response["patchType"] = "JSONPatch"

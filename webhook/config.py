@@ -5,6 +5,10 @@ schedulerName: gpu-scheduler      # the profile GPU pods are sent to
 extraTolerations:                 # added to every GPU pod, beside the nvidia.com/gpu one
   - {key: example.com/gpu-pool, operator: Exists, effect: NoSchedule}
 maxBodyBytes: 8388608             # request body limit
+nodeAffinity:                     # hard GPU constraints as required node affinity
+  enabled: true                   # false: annotations only (the extender alone enforces)
+  platform: gfd                   # gfd | gke | karpenter-aws: where nodes say their GPU
+  productValues: {}               # gke/karpenter-aws: GFD product -> [label values]
 ```
 
 Extra tolerations are validated as the API server validates a pod's tolerations: a
@@ -15,7 +19,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from gpu_scheduler.configfile import checked_mapping, load_yaml_file
@@ -25,6 +30,8 @@ from gpu_scheduler.contract import (
     SCHEDULER_NAME,
     is_label_value,
 )
+from webhook.affinity import LabelMap
+from webhook.platforms import label_map
 
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 OPERATORS = ("Exists", "Equal")
@@ -32,7 +39,8 @@ MIN_BODY_BYTES = 64 << 10
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_KEYS = {"schedulerName", "extraTolerations", "maxBodyBytes"}
+_KEYS = {"schedulerName", "extraTolerations", "maxBodyBytes", "nodeAffinity"}
+_AFFINITY_KEYS = {"enabled", "platform", "productValues"}
 
 Toleration = Mapping[str, Any]
 
@@ -46,6 +54,9 @@ class WebhookConfig:
     scheduler_name: str = SCHEDULER_NAME
     extra_tolerations: tuple[Toleration, ...] = ()
     max_body_bytes: int = 8 << 20
+    node_affinity: bool = True
+    platform: str = "gfd"
+    product_values: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         name = self.scheduler_name
@@ -59,6 +70,22 @@ class WebhookConfig:
                 raise ConfigError(f"extraTolerations[{i}]: {problem}")
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < MIN_BODY_BYTES:
             raise ConfigError(f"maxBodyBytes must be an integer >= {MIN_BODY_BYTES}")
+        if not isinstance(self.node_affinity, bool):
+            raise ConfigError("nodeAffinity.enabled must be true or false")
+        for product, values in self.product_values.items():
+            if not values or not all(isinstance(v, str) and is_label_value(v) for v in values):
+                raise ConfigError(
+                    f"nodeAffinity.productValues[{product!r}] must be a list of label values"
+                )
+        try:
+            self.labels  # noqa: B018 - the platform and its values are checked here
+        except ValueError as exc:
+            raise ConfigError(f"nodeAffinity: {exc}") from None
+
+    @cached_property
+    def labels(self) -> LabelMap:
+        """Where nodes say their GPU model and memory, for the node affinity written."""
+        return label_map(self.platform, {k: tuple(v) for k, v in self.product_values.items()})
 
     @property
     def tolerations(self) -> tuple[Toleration, ...]:
@@ -119,6 +146,16 @@ def config_from_mapping(data: Mapping[str, Any] | None) -> WebhookConfig:
         kwargs["extra_tolerations"] = tuple(dict(t) if isinstance(t, Mapping) else t for t in extra)
     if "maxBodyBytes" in data:
         kwargs["max_body_bytes"] = data["maxBodyBytes"]
+    if "nodeAffinity" in data:
+        affinity = checked_mapping(data["nodeAffinity"], _AFFINITY_KEYS, ConfigError)
+        kwargs["node_affinity"] = affinity.get("enabled", True)
+        kwargs["platform"] = affinity.get("platform", "gfd")
+        values = affinity.get("productValues") or {}
+        if not isinstance(values, Mapping) or not all(
+            isinstance(v, list) for v in values.values()
+        ):
+            raise ConfigError("nodeAffinity.productValues must map products to lists")
+        kwargs["product_values"] = {str(k): tuple(v) for k, v in values.items()}
     return WebhookConfig(**kwargs)
 
 

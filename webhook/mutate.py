@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_scheduler.constraints import hard_constraints
 from gpu_scheduler.contract import (
     ANN_SKIP_MUTATION,
     DEFAULT_SCHEDULER,
@@ -45,6 +46,7 @@ from gpu_scheduler.contract import (
 )
 from gpu_scheduler.fields import FieldError, expect_object, list_at, object_at, string_at
 from gpu_scheduler.textclip import clip_text
+from webhook import affinity
 from webhook.config import WebhookConfig
 
 #: Outcomes, as logged and counted.
@@ -54,8 +56,9 @@ NO_GPU = "no-gpu"
 OPTED_OUT = "opted-out"
 UNINTERPRETABLE = "uninterpretable"
 IGNORED = "ignored"  # not a Pod CREATE
-OUTCOMES = (MUTATED, UNCHANGED, NO_GPU, OPTED_OUT, UNINTERPRETABLE, IGNORED)
-CHANGES = ("schedulerName", "tolerations")
+REFUSED = "refused"  # its node affinity cannot be written within the cap
+OUTCOMES = (MUTATED, UNCHANGED, NO_GPU, OPTED_OUT, UNINTERPRETABLE, IGNORED, REFUSED)
+CHANGES = ("schedulerName", "tolerations", "nodeAffinity")
 
 WARNING_PREFIX = "gpu-scheduler: "
 MAX_WARNING = 256  # the API server may truncate longer warnings
@@ -129,6 +132,14 @@ def decide(pod: Any, cfg: WebhookConfig) -> Decision:
         warnings += [f"{WARNING_PREFIX}added toleration {describe(t)}" for t in missing]
         changes.append("tolerations")
 
+    if cfg.node_affinity and not decided:
+        written = _node_affinity(annotations, spec, cfg, warnings)
+        if isinstance(written, str):
+            return Decision(REFUSED, gpus=gpus, detail=clip_text(written, MAX_WARNING))
+        if written:
+            patch += written
+            changes.append("nodeAffinity")
+
     return Decision(
         MUTATED if patch else UNCHANGED,
         patch=patch,
@@ -138,6 +149,42 @@ def decide(pod: Any, cfg: WebhookConfig) -> Decision:
         scheduler=scheduler,
         detail=decided or "",
     )
+
+
+def _node_affinity(
+    annotations: Mapping[str, Any], spec: Mapping[str, Any], cfg: WebhookConfig, warnings: list[str]
+) -> list[dict[str, Any]] | str:
+    """The patch that writes the pod's hard GPU constraints as required node affinity
+    (:mod:`webhook.affinity`), or why the pod is refused. Constraints it cannot write
+    (a malformed annotation, a product the platform map lacks) are left to the
+    extender, with a warning."""
+    hard = hard_constraints(annotations)
+    if hard.errors:
+        warnings.append(
+            clip_text(
+                f"{WARNING_PREFIX}no node affinity written: {'; '.join(hard.errors)}", MAX_WARNING
+            )
+        )
+        return []
+    if not hard.any:
+        return []
+    wanted, skipped = affinity.constraints(hard, cfg.labels)
+    warnings += [clip_text(f"{WARNING_PREFIX}not written as node affinity: {s}", MAX_WARNING)
+                 for s in skipped]
+    merged = affinity.merge(spec, wanted)
+    if merged.refused:
+        return merged.refused
+    if merged.terms is None:
+        return []
+    warnings.append(
+        clip_text(
+            f"{WARNING_PREFIX}wrote {', '.join(merged.written)} as required node affinity "
+            f"on {cfg.labels.product_key.split('/')[0]} labels "
+            f"({len(merged.terms)} nodeSelectorTerms)",
+            MAX_WARNING,
+        )
+    )
+    return affinity.patch_ops(spec, merged.terms)
 
 
 def node_decided(metadata: Mapping[str, Any], spec: Mapping[str, Any]) -> str | None:

@@ -1,4 +1,5 @@
-"""Webhook latency and throughput over TLS, side by side with a bare Flask+gunicorn app.
+"""Webhook latency and throughput over TLS, side by side with a bare Flask+gunicorn app
+and with the webhook whose node-affinity writing is off.
 
 Starts, on 127.0.0.1 only, ``gpu-scheduler webhook`` and a bare Flask app under the
 same gunicorn settings (workers, threads, TLS 1.2+, the same certificate) that reads
@@ -45,7 +46,11 @@ def review_body() -> bytes:
             "generateName": "train-",
             "namespace": "ml",
             "labels": {"app": "train", "job": "llama-ft"},
-            "annotations": {"gpu-scheduler.io/min-gpu-memory": "80Gi"},
+            "annotations": {
+                "gpu-scheduler.io/min-gpu-memory": "80G",
+                "gpu-scheduler.io/gpu-products": "NVIDIA-H100-80GB-HBM3,NVIDIA-H200",
+                "gpu-scheduler.io/spot": "forbid",
+            },
         },
         "spec": {
             "containers": [
@@ -307,9 +312,11 @@ def main() -> int:
         generate(tmpdir / "certs", service_identity(SERVICE, NAMESPACE, ["127.0.0.1"]))
         ca = tmpdir / "certs" / "ca.crt"
         common = ["--workers", str(args.workers), "--threads", str(args.threads)]
-        wport, bport = free_port(), free_port()
-        cmds = {
-            "webhook": [
+        wport, bport, oport = free_port(), free_port(), free_port()
+        off_config = tmpdir / "affinity-off.yaml"
+        off_config.write_text("nodeAffinity: {enabled: false}\n")
+        def webhook(port: int, *extra: str) -> list[str]:
+            return [
                 sys.executable,
                 "-m",
                 "gpu_scheduler.cli",
@@ -319,11 +326,16 @@ def main() -> int:
                 "--host",
                 "127.0.0.1",
                 "--port",
-                str(wport),
+                str(port),
                 "--cert-dir",
                 str(tmpdir / "certs"),
+                *extra,
                 *common,
-            ],
+            ]
+
+        cmds = {
+            "webhook": webhook(wport),
+            "webhook-affinity-off": webhook(oport, "--config", str(off_config)),
             "bare": [
                 sys.executable,
                 __file__,
@@ -335,7 +347,12 @@ def main() -> int:
                 *common,
             ],
         }
-        targets = {"webhook": Target("webhook", wport, ca), "bare": Target("bare", bport, ca)}
+        targets = {
+            "webhook": Target("webhook", wport, ca),
+            "webhook-affinity-off": Target("webhook-affinity-off", oport, ca),
+            "bare": Target("bare", bport, ca),
+        }
+        servers = ("bare", "webhook-affinity-off", "webhook")
         procs: dict[str, subprocess.Popen[bytes]] = {}
         try:
             for name, cmd in cmds.items():
@@ -356,23 +373,17 @@ def main() -> int:
             print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
             results: dict[tuple[str, str], dict[str, float]] = {}
             for c in levels:
-                for name in ("bare", "webhook"):  # alternate: drift hits both alike
+                for name in servers:  # alternate: drift hits all alike
                     r = closed_loop(targets[name], body, c, args.requests, args.seconds)
                     results[(f"c={c}", name)] = r
                     row(f"concurrency {c}", name, r)
-            for name in ("bare", "webhook"):
+            for name in servers:
                 r = paced(targets[name], body, args.rate, args.paced_seconds)
                 results[("paced", name)] = r
                 row(f"paced {args.rate:g}/s", name, r, late=int(r["late"]))
-            print()
-            print("| load | webhook/bare req/s | webhook/bare p50 | webhook/bare p99 |")
-            print("| --- | ---: | ---: | ---: |")
-            for load in [f"c={c}" for c in levels] + ["paced"]:
-                w, b = results[(load, "webhook")], results[(load, "bare")]
-                print(
-                    f"| {load} | {w['rps'] / b['rps']:.2f} | {w['p50'] / b['p50']:.2f} "
-                    f"| {w['p99'] / b['p99']:.2f} |"
-                )
+            loads = [f"c={c}" for c in levels] + ["paced"]
+            ratios(results, loads, "webhook", "bare", "webhook/bare")
+            ratios(results, loads, "webhook", "webhook-affinity-off", "affinity on/off")
             p99 = results[("paced", "webhook")]["p99"]
             verdict = "meets" if p99 <= 3.0 else "misses"
             print(f"\nwebhook p99 at {args.rate:g} req/s: {p99:.2f} ms ({verdict} the 3 ms target)")
@@ -385,6 +396,18 @@ def main() -> int:
                     except subprocess.TimeoutExpired:
                         proc.kill()
     return 0
+
+
+def ratios(results: dict, loads: list[str], top: str, bottom: str, title: str) -> None:
+    print()
+    print(f"| load | {title} req/s | {title} p50 | {title} p99 |")
+    print("| --- | ---: | ---: | ---: |")
+    for load in loads:
+        a, b = results[(load, top)], results[(load, bottom)]
+        print(
+            f"| {load} | {a['rps'] / b['rps']:.2f} | {a['p50'] / b['p50']:.2f} "
+            f"| {a['p99'] / b['p99']:.2f} |"
+        )
 
 
 def row(load: str, name: str, r: dict[str, float], late: int | None = None) -> None:

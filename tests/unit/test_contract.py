@@ -138,6 +138,29 @@ def test_gpu_memory_label_and_legacy_fallback():
     assert contract.node_gpu_memory_mib({contract.LABEL_GPU_MEMORY: "81559"}) == 81559
     assert contract.node_gpu_memory_mib({contract.LABEL_GPU_MEMORY_LEGACY: "40960"}) == 40960
     assert contract.node_gpu_memory_mib({contract.LABEL_GPU_MEMORY: "n/a"}) is None
+    # The legacy label only where the current one is absent, not where it is garbage:
+    # node affinity cannot say "fall back when unreadable".
+    both = {contract.LABEL_GPU_MEMORY: "n/a", contract.LABEL_GPU_MEMORY_LEGACY: "40960"}
+    assert contract.node_gpu_memory_mib(both) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "number"),
+    [
+        ("0", 0),
+        ("007", 7),  # Go's ParseInt takes leading zeros
+        ("9223372036854775807", 2**63 - 1),
+        ("9223372036854775808", None),  # beyond int64: ParseInt fails, Gt never matches
+        ("0" * 62 + "5", 5),
+        ("1e3", None),
+        ("12.5", None),
+        ("", None),
+        ("٣", None),  # a non-ASCII digit
+        (None, None),
+    ],
+)
+def test_label_int_reads_as_node_affinity_gt_does(value, number):
+    assert contract.label_int(value) == number
 
 
 def test_product_label_value_follows_gfd():

@@ -1,0 +1,248 @@
+"""A pod's hard GPU constraints as required node affinity, merged into its own.
+
+``gpu-products``, ``min-gpu-memory`` and ``spot: require|forbid`` are read by our
+extender only; autoscalers (Cluster Autoscaler, Karpenter, GKE's node auto-
+provisioning) and other schedulers run kube-scheduler's own filters and never see
+them. Written as ``requiredDuringSchedulingIgnoredDuringExecution`` they refuse the
+same nodes everywhere. Pure functions: annotations + the pod's affinity + the label
+map -> the new ``nodeSelectorTerms``.
+
+Semantics follow kube-scheduler's NodeAffinity filter
+(``k8s.io/component-helpers/scheduling/corev1/nodeaffinity/nodeaffinity.go``, with
+``k8s.io/apimachinery/pkg/labels/selector.go`` ``Requirement.Matches``): terms are
+OR-ed, a term's expressions AND-ed, a term with no expressions and no fields matches
+nothing; ``NotIn`` matches a node without the label; ``Gt`` needs the label and an
+integer value (Go's ``strconv.ParseInt``).
+
+Each constraint is a list of alternatives (OR), each a list of expressions (AND):
+
+* ``gpu-products`` -> ``<product label> In [values]`` (GFD: each model and its
+  ``-SHARED`` name, since the extender counts a shared GPU as its model);
+* ``min-gpu-memory`` -> ``<memory label> Gt MiB-1`` (GFD: or, where that label is
+  absent, the legacy one; GKE has no memory label, so the accelerators with enough
+  memory are listed instead);
+* ``spot: forbid`` -> ``NotIn`` on every cloud's spot label; ``spot: require`` -> one
+  alternative per cloud's spot label.
+
+Merging keeps the user's terms: every constraint a term does not already carry is
+AND-ed into it, one term per alternative (the cross product, since the terms are
+OR-ed). A term that already carries an alternative of a constraint is left as is,
+so mutating the mutated pod changes nothing. An empty term matches nothing and stays
+so. Beyond :data:`MAX_TERMS` terms the pod is refused with what to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_scheduler import contract
+from gpu_scheduler.constraints import HardConstraints
+from gpu_scheduler.fields import FieldError, expect_object, list_at, object_at, string_at
+
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+#: The most nodeSelectorTerms a mutated pod may carry. The product of the pod's own
+#: terms and a constraint's alternatives (5 for ``spot: require``, 2 for
+#: ``min-gpu-memory`` with GFD's legacy label) stays far below what the API server or
+#: kube-scheduler would mind; beyond it the pod is refused, never half-written.
+MAX_TERMS = 64
+
+Expr = dict[str, Any]
+Alternative = tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class LabelMap:
+    """Where a platform keeps a GPU's model and memory on its nodes.
+
+    ``product_values``: GFD product name -> the platform's label values; None means
+    the label holds GFD's names (with ``-SHARED`` variants). ``memory_keys``: the
+    memory label (MiB per GPU), then a fallback read only where it is absent.
+    ``memory_by_value``: where no memory label exists, MiB per GPU of each product
+    label value (the accelerators with enough memory are listed instead).
+    """
+
+    platform: str
+    product_key: str
+    product_values: Mapping[str, tuple[str, ...]] | None = None
+    memory_keys: tuple[str, ...] = ()
+    memory_by_value: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    name: str  # as the user wrote it, for messages
+    alternatives: tuple[Alternative, ...]
+
+
+@dataclass(frozen=True)
+class Merged:
+    terms: list[dict[str, Any]] | None  # the new nodeSelectorTerms; None: no change
+    written: tuple[str, ...] = ()  # constraint names written
+    skipped: tuple[str, ...] = ()  # why a constraint could not be written
+    refused: str | None = None
+
+
+def _expr(key: str, operator: str, values: Sequence[str] = ()) -> Expr:
+    out: Expr = {"key": key, "operator": operator}
+    if values:
+        out["values"] = list(values)
+    return out
+
+
+def constraints(hard: HardConstraints, labels: LabelMap) -> tuple[list[Constraint], list[str]]:
+    """The constraints a pod's annotations ask for, and why any could not be written."""
+    out: list[Constraint] = []
+    skipped: list[str] = []
+    products = _product_values(hard.products, labels) if hard.products else None
+    if hard.products and products is None:
+        skipped.append(
+            f"{contract.ANN_GPU_PRODUCTS}: no {labels.product_key} value is known for "
+            f"{', '.join(sorted(p for p in hard.products if not _known(p, labels)))} "
+            "(webhook config nodeAffinity.productValues)"
+        )
+    memory = hard.min_memory_mib
+    if memory is not None and not labels.memory_keys:
+        # No memory label: the product values whose GPUs have enough memory.
+        enough = {v for v, mib in labels.memory_by_value.items() if mib >= memory}
+        products = enough if products is None else products & enough
+        memory = None
+        if not products:
+            skipped.append(f"{contract.ANN_MIN_GPU_MEMORY}: no {labels.product_key} value known")
+            products = None
+    if products is not None:
+        name = contract.ANN_GPU_PRODUCTS if hard.products else contract.ANN_MIN_GPU_MEMORY
+        out.append(Constraint(name, ((_expr(labels.product_key, "In", sorted(products)),),)))
+    if memory is not None:
+        threshold = [str(memory - 1)]
+        first, *fallbacks = labels.memory_keys
+        alternatives = [(_expr(first, "Gt", threshold),)]
+        absent = [_expr(first, "DoesNotExist")]
+        for key in fallbacks:
+            alternatives.append((*absent, _expr(key, "Gt", threshold)))
+            absent.append(_expr(key, "DoesNotExist"))
+        out.append(Constraint(contract.ANN_MIN_GPU_MEMORY, tuple(alternatives)))
+    if hard.spot_rule == "forbid":
+        spot = tuple(_expr(key, "NotIn", [value]) for key, value in contract.SPOT_LABELS)
+        out.append(Constraint(f"{contract.ANN_SPOT}=forbid", (spot,)))
+    elif hard.spot_rule == "require":
+        spot_terms = tuple((_expr(key, "In", [value]),) for key, value in contract.SPOT_LABELS)
+        out.append(Constraint(f"{contract.ANN_SPOT}=require", spot_terms))
+    return out, skipped
+
+
+def _known(product: str, labels: LabelMap) -> bool:
+    return labels.product_values is None or product in labels.product_values
+
+
+def _product_values(products: frozenset[str], labels: LabelMap) -> set[str] | None:
+    """The label values that mean one of ``products`` (GFD base names), or None when a
+    product has no value on this platform (writing the others would refuse its nodes)."""
+    values: set[str] = set()
+    for product in products:
+        if labels.product_values is None:
+            values.add(product)
+            shared = product + contract.SHARED_SUFFIX
+            if contract.is_label_value(shared):
+                values.add(shared)
+        elif product in labels.product_values:
+            values.update(labels.product_values[product])
+        else:
+            return None
+    # A value no node label can hold matches no node either; the API server refuses
+    # a pod whose In list carries one.
+    values = {v for v in values if contract.is_label_value(v)}
+    return values or None
+
+
+def merge(spec: Mapping[str, Any], wanted: Sequence[Constraint]) -> Merged:
+    """The pod's nodeSelectorTerms with ``wanted`` AND-ed in (see the module doc).
+    Raises :class:`FieldError` for a field of the wrong type."""
+    affinity = object_at(spec, "affinity", "spec.affinity")
+    node = object_at(affinity, "nodeAffinity", "spec.affinity.nodeAffinity")
+    where = f"spec.affinity.nodeAffinity.{REQUIRED}"
+    required = node.get(REQUIRED)
+    own: list[dict[str, Any]] | None = None
+    if required is not None:
+        required = expect_object(required, where)
+        listed = list_at(required, "nodeSelectorTerms", f"{where}.nodeSelectorTerms")
+        own = [_checked_term(t, f"{where}.nodeSelectorTerms[{i}]") for i, t in enumerate(listed)]
+    # No required affinity: one term that holds nothing but ours. (An empty list is
+    # invalid in the API; treat it the same.)
+    terms = own if own else [{}]
+    out: list[dict[str, Any]] = []
+    changed = False
+    written: set[str] = set()
+    for term in terms:
+        if own and not term.get("matchExpressions") and not term.get("matchFields"):
+            out.append(term)  # matches nothing, and must keep matching nothing
+            continue
+        expanded = [term]
+        have = {_key(e) for e in term.get("matchExpressions") or ()}
+        for constraint in wanted:
+            if any(all(_key(e) in have for e in alt) for alt in constraint.alternatives):
+                continue
+            changed = True
+            written.add(constraint.name)
+            expanded = [_with(t, alt) for t in expanded for alt in constraint.alternatives]
+            if len(out) + len(expanded) > MAX_TERMS:
+                return Merged(None, refused=_too_many(own, wanted))
+        out.extend(expanded)
+        if len(out) > MAX_TERMS:
+            return Merged(None, refused=_too_many(own, wanted))
+    if not changed:
+        return Merged(None)
+    return Merged(out, tuple(sorted(written)))
+
+
+def _too_many(own: list[dict[str, Any]] | None, wanted: Sequence[Constraint]) -> str:
+    factors = " x ".join(
+        f"{len(c.alternatives)} ({c.name})" for c in wanted if len(c.alternatives) > 1
+    )
+    return (
+        f"the pod's required node affinity would need more than {MAX_TERMS} "
+        f"nodeSelectorTerms: its own {len(own or ())} x {factors or '1'}. Use fewer "
+        f"nodeSelectorTerms, or {contract.ANN_SPOT}: prefer instead of require"
+    )
+
+
+def _with(term: Mapping[str, Any], alternative: Alternative) -> dict[str, Any]:
+    out = dict(term)
+    out["matchExpressions"] = [*(term.get("matchExpressions") or ()), *alternative]
+    return out
+
+
+def _key(expr: Mapping[str, Any]) -> tuple[Any, ...]:
+    return expr.get("key"), expr.get("operator"), tuple(expr.get("values") or ())
+
+
+def _checked_term(value: Any, path: str) -> dict[str, Any]:
+    term = expect_object(value, path)
+    for part in ("matchExpressions", "matchFields"):
+        for i, expr in enumerate(list_at(term, part, f"{path}.{part}")):
+            where = f"{path}.{part}[{i}]"
+            expr = expect_object(expr, where)
+            string_at(expr, "key", f"{where}.key")
+            string_at(expr, "operator", f"{where}.operator")
+            for j, v in enumerate(list_at(expr, "values", f"{where}.values")):
+                if not isinstance(v, str):
+                    raise FieldError(f"{where}.values[{j}]", "must be a string")
+    return dict(term)
+
+
+def patch_ops(spec: Mapping[str, Any], terms: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """JSON patch operations that set the required node affinity to ``terms`` and
+    always apply: each missing (or ``null``) parent is added whole."""
+    required = {"nodeSelectorTerms": terms}
+    affinity = spec.get("affinity")
+    if affinity is None:
+        op = "replace" if "affinity" in spec else "add"
+        value = {"nodeAffinity": {REQUIRED: required}}
+        return [{"op": op, "path": "/spec/affinity", "value": value}]
+    node = affinity.get("nodeAffinity")
+    if node is None:
+        op = "replace" if "nodeAffinity" in affinity else "add"
+        return [{"op": op, "path": "/spec/affinity/nodeAffinity", "value": {REQUIRED: required}}]
+    op = "replace" if REQUIRED in node else "add"
+    return [{"op": op, "path": f"/spec/affinity/nodeAffinity/{REQUIRED}", "value": required}]
