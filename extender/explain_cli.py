@@ -47,7 +47,40 @@ def pod_story(api_client: Any, namespace: str, name: str) -> str:
             )
         for event in failed[-3:]:
             lines.append(f"  {event.reason}: {event.message}")
+        if not node and any("node affinity" in (e.message or "") for e in failed[-3:]):
+            lines += constraint_story(api_client, pod)
     return "\n".join(lines)
+
+
+def constraint_story(api_client: Any, pod: Any) -> list[str]:
+    """For a pod refused by node affinity: the webhook writes its hard GPU constraints
+    as node affinity, so kube-scheduler never asks the extender and its message names
+    no constraint. The extender's own reasons against every node, counted, say which."""
+    from collections import Counter
+
+    from kubernetes import client
+
+    from extender.config import ExtenderConfig
+    from extender.engine import filter_nodes
+    from extender.model import node_facts, pod_facts
+    from extender.policies import build_policies
+    from extender.view import args_view
+
+    serialize = api_client.sanitize_for_serialization
+    nodes = [node_facts(n) for n in serialize(client.CoreV1Api(api_client).list_node().items)]
+    out = filter_nodes(
+        pod_facts(serialize(pod)),
+        [n.name for n in nodes],
+        nodes,
+        args_view(),
+        build_policies(ExtenderConfig()),
+    )
+    reasons = Counter({**out.failed, **out.unresolvable}.values())
+    if not reasons:
+        return []
+    lines = [f"  the pod's GPU constraints against the {len(nodes)} nodes (gpu-scheduler):"]
+    lines += [f"    {count} node(s): {reason}" for reason, count in reasons.most_common(5)]
+    return lines
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -58,5 +58,8 @@ def test_explain_says_why_a_pod_is_pending(stack):
     wait_event(stack, pod, "FailedScheduling")
     out = explain(stack, pod)
     assert "not placed yet" in out.stdout and "FailedScheduling" in out.stdout, out.stdout
+    # Refused by the node affinity the webhook wrote; the constraint is named anyway.
+    assert "GPU constraints against the" in out.stdout, out.stdout
+    assert "is not one of gpu-scheduler.io/gpu-products=NVIDIA-B300" in out.stdout
     missing = explain(stack, "no-such-pod")
     assert missing.returncode == 1 and "not found" in missing.stderr

@@ -19,6 +19,7 @@ from tests.e2e.kube import (
     delete_pod,
     gpu_labels,
     pod_manifest,
+    read_pod,
     unique,
     wait_bound,
     wait_event,
@@ -95,11 +96,27 @@ def test_min_gpu_memory_lands_only_on_80gib_gpus(stack):
     assert wait_bound(stack, pod) == big
 
 
-def test_impossible_pod_stays_pending_with_the_extenders_reason(stack):
+def test_impossible_pod_stays_pending_refused_by_its_node_affinity(stack):
+    """The webhook wrote gpu-products as node affinity: kube-scheduler refuses every node
+    itself, before the extender is asked (`gpu-scheduler explain` names the constraint:
+    test_explain.py)."""
     case = "impossible"
     gpu_node(stack, case, 8, A100_40)
     pod = place(stack, case, annotations={contract.ANN_GPU_PRODUCTS: "NVIDIA-B200"})
-    message = wait_event(stack, pod, "is not one of gpu-scheduler.io/gpu-products=NVIDIA-B200")
+    message = wait_event(stack, pod, "didn't match Pod's node affinity/selector")
+    assert "FailedScheduling" in message
+    terms = read_pod(stack, pod)["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0]["values"] == ["NVIDIA-B200", "NVIDIA-B200-SHARED"]
+
+
+def test_malformed_constraint_keeps_the_extenders_reason(stack):
+    """Not written as node affinity: the extender refuses every node and says why."""
+    case = "malformed"
+    gpu_node(stack, case, 8, A100_40)
+    pod = place(stack, case, annotations={contract.ANN_MIN_GPU_MEMORY: "lots"})
+    message = wait_event(stack, pod, "is not a memory size")
     assert "FailedScheduling" in message
 
 

@@ -19,6 +19,9 @@ skips (CI: fails).
 from __future__ import annotations
 
 import os
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ import pytest
 import requests
 import yaml
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from gpu_scheduler import contract
 from lab import realnode
@@ -36,6 +40,8 @@ from tests.e2e.test_agent_daemonset import h100_inventory
 from tests.helpers import wait_for
 
 NODE = "gpu-real-0"
+#: The longest a fresh install may refuse GPU pods once its certificates exist.
+WINDOW_AFTER_CERTIFICATES_S = 60
 GPUS = 2
 FAKE_GPUS = "/etc/gpu-scheduler-lab/gpus.yaml"
 
@@ -119,15 +125,74 @@ def overlay(work: Path) -> Path:
     return folder
 
 
+@dataclass
+class AdmissionProbe:
+    """A GPU pod created (dry run) every 0.25 s from before the install until our
+    webhook pod mutates one: how long a user's GPU pods are refused by a fresh
+    install, and what they are told meanwhile."""
+
+    api: Any
+    started: float = field(default_factory=time.monotonic)
+    outcomes: list[tuple[float, str, str]] = field(default_factory=list)  # (t, kind, text)
+    marks: dict[str, float] = field(default_factory=dict)
+    thread: threading.Thread | None = None
+
+    def mark(self, what: str) -> None:
+        self.marks[what] = time.monotonic() - self.started
+
+    def start(self) -> AdmissionProbe:
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        core = client.CoreV1Api(self.api)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "first-minutes"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"limits": {contract.RESOURCE_GPU: "1"}},
+                    }
+                ]
+            },
+        }
+        while time.monotonic() - self.started < 300:
+            at = time.monotonic() - self.started
+            try:
+                pod = core.create_namespaced_pod("default", body, dry_run="All")
+            except ApiException as exc:
+                self.outcomes.append((at, "refused", str(exc.body)[:300]))
+            else:
+                mutated = pod.spec.scheduler_name == contract.SCHEDULER_NAME
+                self.outcomes.append((at, "mutated" if mutated else "unmutated", ""))
+                if mutated:
+                    return
+            time.sleep(0.25)
+
+    def first(self, kind: str) -> tuple[float, str] | None:
+        return next(((t, text) for t, k, text in self.outcomes if k == kind), None)
+
+
+PROBE: dict[str, AdmissionProbe] = {}
+
+
 def install(stack: Stack, work: Path) -> None:
     cluster = stack.cluster
+    probe = PROBE["install"] = AdmissionProbe(stack.api).start()
     # The agent's DaemonSet asks for the NVIDIA container runtime by RuntimeClass;
     # here plain runc stands in for it (there is no GPU to hand to the container).
     client.NodeV1Api(stack.api).create_runtime_class(
         client.V1RuntimeClass(metadata=client.V1ObjectMeta(name="nvidia"), handler="runc")
     )
     cluster.k8s("kubectl", "apply", "--server-side", "-k", str(overlay(work)))
+    probe.mark("applied")
     done = install_certs(cluster, work / "certs", work / "bin")
+    probe.mark("certificates")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -167,6 +232,34 @@ def test_agent_pod_runs_on_the_real_node_and_publishes(real):
     (agent,) = pods(real, "app.kubernetes.io/name=gpu-scheduler-agent")
     assert agent.spec.service_account_name == "gpu-scheduler-agent"
     assert agent.spec.containers[0].image == realnode.images()["GPU_SCHEDULER_IMAGE"]
+
+
+def test_first_minutes_of_an_install(real):
+    """From `kubectl apply -k` until the webhook's pods serve: GPU pods are refused
+    (failurePolicy Fail) with the API server's reason, never let through unmutated
+    once the webhook is registered, and the window closes soon after the
+    certificates are published."""
+    probe = PROBE["install"]
+    assert probe.thread is not None
+    probe.thread.join(240)
+    mutated = probe.first("mutated")
+    refused = probe.first("refused")
+    assert mutated is not None, probe.outcomes[-3:]
+    after_certs = mutated[0] - probe.marks["certificates"]
+    print(
+        f"\nfirst minutes: applied at {probe.marks['applied']:.1f} s, certificates at "
+        f"{probe.marks['certificates']:.1f} s, GPU pods refused from "
+        f"{refused[0] if refused else float('nan'):.1f} s to {mutated[0]:.1f} s "
+        f"({after_certs:.1f} s after the certificates); "
+        f"{sum(k == 'refused' for _, k, _ in probe.outcomes)} refusals; first: "
+        f"{refused[1] if refused else '-'}"
+    )
+    # Once refused (the webhook is registered), never admitted unmutated again.
+    kinds = [k for _, k, _ in probe.outcomes]
+    if "refused" in kinds:
+        assert "unmutated" not in kinds[kinds.index("refused") :], kinds
+        assert "gpu-scheduler-webhook" in refused[1]
+    assert after_certs < WINDOW_AFTER_CERTIFICATES_S
 
 
 def test_gpu_pod_mutated_by_the_webhook_pod_placed_run_and_released(real):

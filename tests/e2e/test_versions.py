@@ -119,7 +119,10 @@ def test_smoke_a_dra_node_takes_a_gpu_pod(old):
     assert "DRAExtendedResource=true" in old.cluster.gates
     case = unique("dra")
     create_gpu_device_class(old)
-    node = create_node(old, unique("dra-h100"), case=case, taints=GPU_TAINT)
+    # The labels GFD or our agent write on a DRA node too: the webhook's node affinity
+    # for gpu-products reads them (README, "Autoscalers and other schedulers").
+    labels = {contract.LABEL_GPU_PRODUCT: "NVIDIA-H100-80GB-HBM3"}
+    node = create_node(old, unique("dra-h100"), case=case, taints=GPU_TAINT, labels=labels)
     publish_slice(old, node, "NVIDIA H100 80GB HBM3", 81559, 4)
     wait_for(
         lambda: "with DRA GPUs" in requests.get(
