@@ -41,8 +41,10 @@ controlplane-%:
 # Every supported minor (the version matrix).
 controlplanes: $(addprefix controlplane-,$(K8S_MINORS))
 
-# The whole e2e suite on one minor: make e2e K8S_MINOR=1.34 (helm from the newest).
-e2e: $(STAMP) controlplane-$(K8S_MINOR) $(if $(HAVE_IMAGE_TOOLS),image)
+# The whole e2e suite on one minor: make e2e K8S_MINOR=1.34 (helm from the newest; the
+# oldest for the version tests, which run against every minor under test).
+e2e: $(STAMP) controlplane-$(K8S_MINOR) controlplane-$(lastword $(K8S_MINORS)) \
+    controlplane-$(K8S_OLDEST) $(if $(HAVE_IMAGE_TOOLS),image)
 	GPU_SCHEDULER_K8S_BIN=$$($(K8S_BUILD) --path $(K8S_MINOR)) $(BIN)/pytest tests/e2e
 
 # The project image from the Dockerfile (buildah, no daemon) on a Debian base made with
