@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from gpu_scheduler import contract
@@ -65,8 +66,27 @@ def annotation_reader(
     return annotation
 
 
+_KEYS = (contract.ANN_MIN_GPU_MEMORY, contract.ANN_GPU_PRODUCTS, contract.ANN_SPOT)
+
+
 def hard_constraints(annotations: Mapping[str, Any]) -> HardConstraints:
-    """The constraints in a pod's annotations (a mapping, as the API gives it)."""
+    """The constraints in a pod's annotations (a mapping, as the API gives it). Pods of
+    one workload carry the same few strings: those are read once (a small cache)."""
+    values = tuple(annotations.get(key) for key in _KEYS)
+    if all(v is None or (isinstance(v, str) and len(v) <= _CACHED_LENGTH) for v in values):
+        return _hard_constraints(values)  # type: ignore[arg-type]
+    return _read(annotations)
+
+
+_CACHED_LENGTH = 4096
+
+
+@lru_cache(maxsize=1024)
+def _hard_constraints(values: tuple[str | None, str | None, str | None]) -> HardConstraints:
+    return _read(dict(zip(_KEYS, values, strict=True)))
+
+
+def _read(annotations: Mapping[str, Any]) -> HardConstraints:
     errors: list[str] = []
     annotation = annotation_reader(annotations, errors)
 

@@ -33,8 +33,10 @@ so. Beyond :data:`MAX_TERMS` terms the pod is refused with what to change.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from gpu_scheduler import contract
@@ -52,7 +54,7 @@ Expr = dict[str, Any]
 Alternative = tuple[Expr, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: one per configuration
 class LabelMap:
     """Where a platform keeps a GPU's model and memory on its nodes.
 
@@ -91,8 +93,12 @@ def _expr(key: str, operator: str, values: Sequence[str] = ()) -> Expr:
     return out
 
 
-def constraints(hard: HardConstraints, labels: LabelMap) -> tuple[list[Constraint], list[str]]:
-    """The constraints a pod's annotations ask for, and why any could not be written."""
+@lru_cache(maxsize=1024)
+def constraints(
+    hard: HardConstraints, labels: LabelMap
+) -> tuple[tuple[Constraint, ...], tuple[str, ...]]:
+    """The constraints a pod's annotations ask for, and why any could not be written
+    (cached: pods of one workload ask the same; the results are never changed)."""
     out: list[Constraint] = []
     skipped: list[str] = []
     products = _product_values(hard.products, labels) if hard.products else None
@@ -129,7 +135,7 @@ def constraints(hard: HardConstraints, labels: LabelMap) -> tuple[list[Constrain
     elif hard.spot_rule == "require":
         spot_terms = tuple((_expr(key, "In", [value]),) for key, value in contract.SPOT_LABELS)
         out.append(Constraint(f"{contract.ANN_SPOT}=require", spot_terms))
-    return out, skipped
+    return tuple(out), tuple(skipped)
 
 
 def _known(product: str, labels: LabelMap) -> bool:
@@ -168,14 +174,14 @@ def merge(spec: Mapping[str, Any], wanted: Sequence[Constraint]) -> Merged:
         required = expect_object(required, where)
         listed = list_at(required, "nodeSelectorTerms", f"{where}.nodeSelectorTerms")
         own = [_checked_term(t, f"{where}.nodeSelectorTerms[{i}]") for i, t in enumerate(listed)]
-    # No required affinity: one term that holds nothing but ours. (An empty list is
-    # invalid in the API; treat it the same.)
-    terms = own if own else [{}]
+    if not own:  # none of its own (an empty list is invalid in the API): ours alone
+        return _ours_alone(wanted)
+    terms = own
     out: list[dict[str, Any]] = []
     changed = False
     written: set[str] = set()
     for term in terms:
-        if own and not term.get("matchExpressions") and not term.get("matchFields"):
+        if not term.get("matchExpressions") and not term.get("matchFields"):
             out.append(term)  # matches nothing, and must keep matching nothing
             continue
         expanded = [term]
@@ -196,6 +202,21 @@ def merge(spec: Mapping[str, Any], wanted: Sequence[Constraint]) -> Merged:
     return Merged(out, tuple(sorted(written)))
 
 
+def _ours_alone(wanted: Sequence[Constraint]) -> Merged:
+    if not wanted:
+        return Merged(None)
+    count = 1
+    for constraint in wanted:
+        count *= len(constraint.alternatives)
+    if count > MAX_TERMS:
+        return Merged(None, refused=_too_many(None, wanted))
+    terms = [
+        _with({}, tuple(e for alternative in choice for e in alternative))
+        for choice in itertools.product(*(c.alternatives for c in wanted))
+    ]
+    return Merged(terms, tuple(sorted({c.name for c in wanted})))
+
+
 def _too_many(own: list[dict[str, Any]] | None, wanted: Sequence[Constraint]) -> str:
     factors = " x ".join(
         f"{len(c.alternatives)} ({c.name})" for c in wanted if len(c.alternatives) > 1
@@ -208,8 +229,11 @@ def _too_many(own: list[dict[str, Any]] | None, wanted: Sequence[Constraint]) ->
 
 
 def _with(term: Mapping[str, Any], alternative: Alternative) -> dict[str, Any]:
+    """``term`` with ``alternative`` AND-ed in; the expressions are copies (the cached
+    constraints are shared by every request)."""
     out = dict(term)
-    out["matchExpressions"] = [*(term.get("matchExpressions") or ()), *alternative]
+    ours = [{**e, "values": list(e["values"])} if "values" in e else dict(e) for e in alternative]
+    out["matchExpressions"] = [*(term.get("matchExpressions") or ()), *ours]
     return out
 
 

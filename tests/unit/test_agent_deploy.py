@@ -81,7 +81,15 @@ def test_agent_is_in_the_base() -> None:
     base = yaml.safe_load((ROOT / "deploy" / "kustomization.yaml").read_text())
     assert "agent" in base["resources"]
     own = yaml.safe_load((AGENT / "kustomization.yaml").read_text())
-    assert own["namespace"] == "gpu-scheduler"
+    # No namespace transformer (older kustomize would namespace the cluster-scoped
+    # admission policy); the namespaced objects name the install's namespace.
+    assert "namespace" not in own
+    namespaced = [
+        d for f in ("rbac.yaml", "daemonset.yaml") for d in docs(f)
+        if d["kind"] in ("ServiceAccount", "DaemonSet")
+    ]
+    assert len(namespaced) == 2
+    assert {d["metadata"]["namespace"] for d in namespaced} == {"gpu-scheduler"}
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
@@ -131,8 +139,8 @@ def test_admission_policy_confines_the_agent_to_the_contract_keys() -> None:
     assert _cel_string_list(variables["ownedAnnotations"]) == list(contract.AGENT_ANNOTATIONS)
     # It matches the agent's own ServiceAccount, in the namespace the base installs to.
     (account,) = [d for d in docs("rbac.yaml") if d["kind"] == "ServiceAccount"]
-    own = yaml.safe_load((AGENT / "kustomization.yaml").read_text())
-    user = f"system:serviceaccount:{own['namespace']}:{account['metadata']['name']}"
+    meta = account["metadata"]
+    user = f"system:serviceaccount:{meta['namespace']}:{meta['name']}"
     (condition,) = policy["spec"]["matchConditions"]
     assert f"'{user}'" in condition["expression"]
     assert policy["spec"]["failurePolicy"] == "Fail"
