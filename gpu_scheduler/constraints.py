@@ -67,6 +67,7 @@ def annotation_reader(
 
 
 _KEYS = (contract.ANN_MIN_GPU_MEMORY, contract.ANN_GPU_PRODUCTS, contract.ANN_SPOT)
+_CACHED_LENGTH = 4096  # longer values are read each time, not kept
 
 
 def hard_constraints(annotations: Mapping[str, Any]) -> HardConstraints:
@@ -76,9 +77,6 @@ def hard_constraints(annotations: Mapping[str, Any]) -> HardConstraints:
     if all(v is None or (isinstance(v, str) and len(v) <= _CACHED_LENGTH) for v in values):
         return _hard_constraints(values)  # type: ignore[arg-type]
     return _read(annotations)
-
-
-_CACHED_LENGTH = 4096
 
 
 @lru_cache(maxsize=1024)

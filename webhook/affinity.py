@@ -82,7 +82,6 @@ class Constraint:
 class Merged:
     terms: list[dict[str, Any]] | None  # the new nodeSelectorTerms; None: no change
     written: tuple[str, ...] = ()  # constraint names written
-    skipped: tuple[str, ...] = ()  # why a constraint could not be written
     refused: str | None = None
 
 
@@ -176,11 +175,9 @@ def merge(spec: Mapping[str, Any], wanted: Sequence[Constraint]) -> Merged:
         own = [_checked_term(t, f"{where}.nodeSelectorTerms[{i}]") for i, t in enumerate(listed)]
     if not own:  # none of its own (an empty list is invalid in the API): ours alone
         return _ours_alone(wanted)
-    terms = own
     out: list[dict[str, Any]] = []
-    changed = False
     written: set[str] = set()
-    for term in terms:
+    for term in own:
         if not term.get("matchExpressions") and not term.get("matchFields"):
             out.append(term)  # matches nothing, and must keep matching nothing
             continue
@@ -189,16 +186,15 @@ def merge(spec: Mapping[str, Any], wanted: Sequence[Constraint]) -> Merged:
         for constraint in wanted:
             if any(all(_key(e) in have for e in alt) for alt in constraint.alternatives):
                 continue
-            changed = True
             written.add(constraint.name)
             expanded = [_with(t, alt) for t in expanded for alt in constraint.alternatives]
-            if len(out) + len(expanded) > MAX_TERMS:
+            if len(out) + len(expanded) > MAX_TERMS:  # stop early: the work stays bounded
                 return Merged(None, refused=_too_many(own, wanted))
         out.extend(expanded)
-        if len(out) > MAX_TERMS:
-            return Merged(None, refused=_too_many(own, wanted))
-    if not changed:
+    if not written:
         return Merged(None)
+    if len(out) > MAX_TERMS:
+        return Merged(None, refused=_too_many(own, wanted))
     return Merged(out, tuple(sorted(written)))
 
 
