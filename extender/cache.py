@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from extender import metrics
+from extender import dra_index, metrics
 from extender.dra_index import DraIndex
 from extender.model import MAX_GPUS, NodeFacts, node_facts
 from extender.reflector import Reflector
@@ -357,21 +357,24 @@ class ClusterCache:
         with self._lock:
             self._dra_changed(change(*args), usage=True)
 
+    # A relist's items arrive page by page from the API server (a generator): each is
+    # reduced outside the lock, and the lock is taken once the list has ended.
     def replace_device_classes(self, items: Iterable[Mapping[str, Any]]) -> None:
-        self._dra_apply(self._dra.replace_classes, items)
+        self._dra_apply(self._dra.replace_classes, _reduced(dra_index.parse_class, items))
 
     def device_class_event(self, kind: str, obj: Mapping[str, Any]) -> None:
         self._dra_apply(self._dra.class_event, kind, obj)
 
     def replace_slices(self, items: Iterable[Mapping[str, Any]]) -> None:
-        self._dra_apply(self._dra.replace_slices, items)
+        self._dra_apply(self._dra.replace_slices, _reduced(dra_index.parse_slice, items))
 
     def slice_event(self, kind: str, obj: Mapping[str, Any]) -> None:
         self._dra_apply(self._dra.slice_event, kind, obj)
 
     def replace_claims(self, items: Iterable[Mapping[str, Any]]) -> None:
+        claims = _reduced(dra_index.parse_claim, items)
         with self._lock:
-            self._dra.replace_claims(items)  # usage only: no node's facts change
+            self._dra.replace_claims(claims)  # usage only: no node's facts change
             self._dra_changed(set(), usage=True)
 
     def claim_event(self, kind: str, obj: Mapping[str, Any]) -> None:
@@ -506,3 +509,10 @@ def _add(counts: dict[Any, int], key: Any, delta: int) -> None:
         counts[key] = value
     else:
         counts.pop(key, None)
+
+
+def _reduced(
+    parse: Callable[[Mapping[str, Any]], Any], items: Iterable[Mapping[str, Any]]
+) -> list[Any]:
+    """``parse`` of each item, the Nones left out: a list of compact records."""
+    return [parsed for parsed in map(parse, items) if parsed is not None]

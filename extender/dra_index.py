@@ -61,6 +61,28 @@ def _key_of(obj: Mapping[str, Any]) -> str | None:
     return f"{meta.get('namespace')}/{name}" if isinstance(name, str) else None
 
 
+# What a relist hands the index: each object reduced by these (outside the cache's
+# lock, one page at a time), never the raw objects.
+ParsedSlice = tuple[str, tuple[str, str, int, list[dra.Device]]]
+ParsedClaim = tuple[str, frozenset[dra.DeviceKey]]
+
+
+def parse_class(obj: Mapping[str, Any]) -> dra.DeviceClass | None:
+    return dra.device_class(obj)
+
+
+def parse_slice(obj: Mapping[str, Any]) -> ParsedSlice | None:
+    name = _key_of(obj)
+    parsed = dra.slice_devices(obj)
+    return None if name is None or parsed is None else (name, parsed)
+
+
+def parse_claim(obj: Mapping[str, Any]) -> ParsedClaim | None:
+    key = _key_of(obj)
+    devices = dra.claim_devices(obj)
+    return (key, devices) if key is not None and devices else None
+
+
 class DraIndex:
     def __init__(self, resource: str = contract.RESOURCE_GPU) -> None:
         self.resource = resource
@@ -95,12 +117,9 @@ class DraIndex:
                 "resourceclaims": len(self._claims)}
 
     # --- DeviceClasses --------------------------------------------------------------
-    def replace_classes(self, items: Iterable[Mapping[str, Any]]) -> set[str]:
-        self._classes = {}
-        for item in items:
-            parsed = dra.device_class(item)
-            if parsed is not None:
-                self._classes[parsed.name] = parsed
+    def replace_classes(self, classes: Iterable[dra.DeviceClass]) -> set[str]:
+        """All DeviceClasses, as :func:`parse_class` gave them."""
+        self._classes = {c.name: c for c in classes}
         return self._choose_class()
 
     def class_event(self, kind: str, obj: Mapping[str, Any]) -> set[str]:
@@ -131,12 +150,13 @@ class DraIndex:
         return self._refresh(touched)
 
     # --- ResourceSlices -------------------------------------------------------------
-    def replace_slices(self, items: Iterable[Mapping[str, Any]]) -> set[str]:
+    def replace_slices(self, slices: Iterable[ParsedSlice]) -> set[str]:
+        """All ResourceSlices, as :func:`parse_slice` gave them."""
         touched = set(self._node_slices) | set(self._gpus)
         self._slices, self._node_slices = {}, {}
         self.needs_relist = False
-        for item in items:
-            touched |= self._put_slice(item)
+        for name, parsed in slices:
+            touched |= self._put_slice(name, parsed)
         return self._refresh(touched)
 
     def slice_event(self, kind: str, obj: Mapping[str, Any]) -> set[str]:
@@ -144,15 +164,12 @@ class DraIndex:
         if name is None:
             return set()
         touched = self._drop_slice(name)
-        if kind != "DELETED":
-            touched |= self._put_slice(obj)
+        parsed = None if kind == "DELETED" else parse_slice(obj)
+        if parsed is not None:
+            touched |= self._put_slice(*parsed)
         return self._refresh(touched)
 
-    def _put_slice(self, obj: Mapping[str, Any]) -> set[str]:
-        name = _key_of(obj)
-        parsed = dra.slice_devices(obj)
-        if name is None or parsed is None:
-            return set()
+    def _put_slice(self, name: str, parsed: tuple[str, str, int, list[dra.Device]]) -> set[str]:
         driver, pool, generation, devices = parsed
         if self._matcher is None:
             kept = []
@@ -209,16 +226,14 @@ class DraIndex:
         return nodes
 
     # --- ResourceClaims -------------------------------------------------------------
-    def replace_claims(self, items: Iterable[Mapping[str, Any]]) -> set[str]:
+    def replace_claims(self, claims: Iterable[ParsedClaim]) -> set[str]:
+        """All ResourceClaims, as :func:`parse_claim` gave them."""
         before = set(self._used)
         self._claims, self._allocated = {}, {}
-        for item in items:
-            key = _key_of(item)
-            devices = dra.claim_devices(item)
-            if key is not None and devices:
-                self._claims[key] = devices
-                for device in devices:
-                    self._allocated[device] = self._allocated.get(device, 0) + 1
+        for key, devices in claims:
+            self._claims[key] = devices
+            for device in devices:
+                self._allocated[device] = self._allocated.get(device, 0) + 1
         self._used = {}
         for device in self._allocated:
             node = self._device_node.get(device)

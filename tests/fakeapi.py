@@ -26,6 +26,9 @@ class _ListResponse:
     def __init__(self, data: bytes) -> None:
         self.data = data
 
+    def release_conn(self) -> None:
+        pass
+
 
 class _WatchResponse:
     def __init__(self, api: FakeListWatch, events: queue.Queue[Any], read_timeout: float) -> None:
@@ -75,7 +78,12 @@ class FakeListWatch:
                 threading.Event().wait(0.01)
             self.lists += 1
             items = sorted(self.objects.values(), key=lambda o: o["metadata"]["name"])
-            page = {"metadata": {"resourceVersion": str(self.version)}, "items": items}
+            start = int(kwargs.get("_continue") or 0)
+            limit = kwargs.get("limit") or len(items) or 1
+            meta: dict[str, Any] = {"resourceVersion": str(self.version)}
+            if start + limit < len(items):
+                meta["continue"] = str(start + limit)
+            page = {"metadata": meta, "items": items[start : start + limit]}
             return _ListResponse(json.dumps(page).encode())
         events: queue.Queue[Any] = queue.Queue()
         with self._opened:
