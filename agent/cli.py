@@ -20,8 +20,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--heartbeat-interval",
         default="5m",
-        help="refresh the gpu-scheduler.io/agent-heartbeat annotation this often "
-        "(default 5m; keep it well below the extender's heartbeatWindow, default 15m)",
+        help="renew the node's heartbeat Lease this often (default 5m; keep it well "
+        "below the extender's heartbeatWindow, default 15m)",
+    )
+    parser.add_argument(
+        "--resync-interval",
+        default="10m",
+        help="read the Node and repair its labels this often even when the GPUs did not "
+        "change (default 10m; a change of the GPUs is written at the next --interval)",
+    )
+    parser.add_argument(
+        "--pod-namespace",
+        default=os.environ.get("POD_NAMESPACE"),
+        help="the agent's pod (default $POD_NAMESPACE): the heartbeat Lease's namespace",
+    )
+    parser.add_argument(
+        "--pod-name",
+        default=os.environ.get("POD_NAME"),
+        help="the agent's pod (default $POD_NAME): owns the heartbeat Lease",
+    )
+    parser.add_argument(
+        "--pod-uid",
+        default=os.environ.get("POD_UID"),
+        help="the agent's pod UID (default $POD_UID). Without the pod's namespace, name "
+        "and UID there is no heartbeat, and the node counts as not agent-managed",
     )
     parser.add_argument(
         "--once", action="store_true", help="one round, then exit (non-zero on any failure)"
@@ -76,17 +98,22 @@ def run(args: argparse.Namespace) -> int:
     try:
         interval = parse_duration(args.interval)
         heartbeat = parse_duration(args.heartbeat_interval)
+        resync = parse_duration(args.resync_interval)
         timeout = parse_duration(args.request_timeout)
     except ValueError as exc:
         return _fail(str(exc))
-    if interval <= 0 or heartbeat <= 0 or timeout <= 0:
-        return _fail("--interval, --heartbeat-interval and --request-timeout must be > 0")
+    if min(interval, heartbeat, resync, timeout) <= 0:
+        return _fail(
+            "--interval, --heartbeat-interval, --resync-interval and --request-timeout "
+            "must be > 0"
+        )
     if not args.dry_run and not args.node_name:
         return _fail("--node-name (or $NODE_NAME) is required unless --dry-run")
 
     import logging
     import threading
 
+    from agent.heartbeat import PodIdentity
     from agent.inventory import Backend, FakeBackend, NvmlBackend
     from agent.loop import AgentConfig
 
@@ -102,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         node_name=args.node_name or "",
         interval_s=interval,
         heartbeat_interval_s=heartbeat,
+        resync_interval_s=resync,
+        pod=PodIdentity.from_values(args.pod_namespace, args.pod_name, args.pod_uid),
         manage_capacity=args.capacity,
         gfd_labels=args.gfd_labels,
     )
@@ -147,6 +176,8 @@ def _run_once(
     agent.api = api
     try:
         agent.sync_once(inventory)
+        if config.pod is not None:
+            agent.renew_heartbeat()
     except ApiError as exc:
         return _fail(f"node {args.node_name}: {exc}", 1)
     return 0
@@ -184,6 +215,10 @@ def _run_forever(
             "backend": "fake:" + args.fake_gpus if args.fake_gpus else "nvml",
             "interval_s": config.interval_s,
             "heartbeat_interval_s": config.heartbeat_interval_s,
+            "resync_interval_s": config.resync_interval_s,
+            "heartbeat_lease": (
+                f"{config.pod.namespace}/{args.node_name}" if config.pod else None
+            ),
             "capacity": args.capacity,
             "gfd_labels": args.gfd_labels,
             "dry_run": args.dry_run,

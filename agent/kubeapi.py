@@ -1,4 +1,6 @@
-"""The agent's three API calls, behind a small interface the loop (and tests) use.
+"""The agent's API calls (its Node, its heartbeat Lease, the DRA check), behind a small
+interface the loop (and tests) use. Every call is counted in
+``gpu_scheduler_agent_api_requests_total`` by verb and resource.
 
 The kubernetes client (v29+, checked against v37) picks a patch's Content-Type by
 itself: ``application/json-patch+json`` for a list body and *strategic merge* for a
@@ -10,10 +12,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from agent import metrics
 from agent.sync import FIELD_MANAGER, NodeState
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML: the client sends the dict as JSON
 
 
 class ApiError(Exception):
@@ -41,6 +45,8 @@ class NodeApi(Protocol):
     def patch_status(self, name: str, ops: list[dict[str, Any]]) -> None: ...
 
     def dra_gpus(self, name: str) -> int | None: ...
+
+    def renew_lease(self, namespace: str, name: str, lease: dict[str, Any]) -> None: ...
 
 
 class KubeNodeApi:
@@ -79,6 +85,24 @@ class KubeNodeApi:
             ops,
             field_manager=FIELD_MANAGER,
             _content_type=JSON_PATCH,
+        )
+
+    def renew_lease(self, namespace: str, name: str, lease: dict[str, Any]) -> None:
+        """Server-side apply of the node's Lease: creates it when there is none (the
+        first start on a node, or the garbage collector took it with a previous pod),
+        renews it otherwise. One call either way."""
+        from kubernetes import client
+
+        api = client.CoordinationV1Api(self.core.api_client)
+        self._call(
+            "apply lease",
+            api.patch_namespaced_lease,
+            name,
+            namespace,
+            lease,
+            field_manager=FIELD_MANAGER,
+            force=True,
+            _content_type=APPLY_PATCH,
         )
 
     def dra_gpus(self, name: str) -> int | None:
@@ -121,16 +145,22 @@ class KubeNodeApi:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
+        verb, _, resource = what.partition(" ")
         try:
-            return fn(*args, _request_timeout=self.timeout, **kwargs)
+            result = fn(*args, _request_timeout=self.timeout, **kwargs)
         except ApiException as exc:
+            code = f"{exc.status // 100}xx" if isinstance(exc.status, int) else "none"
+            metrics.API_REQUESTS.labels(verb, resource, code).inc()
             raise ApiError(
                 f"{what}: HTTP {exc.status} {exc.reason}: {_message(exc.body)}",
                 status=exc.status,
                 retry_after=_retry_after(exc.headers),
             ) from exc
         except (HTTPError, OSError) as exc:
+            metrics.API_REQUESTS.labels(verb, resource, "none").inc()
             raise ApiError(f"{what}: {type(exc).__name__}: {exc}") from exc
+        metrics.API_REQUESTS.labels(verb, resource, "2xx").inc()
+        return result
 
 
 def _message(body: Any) -> str:

@@ -51,8 +51,7 @@ PCI_MODES = {"0x030000": "graphics", "0x030200": "compute"}
 
 @dataclass(frozen=True, slots=True)
 class Desired:
-    """What the node should carry. ``annotations`` excludes the heartbeat, which the
-    sync adds when it writes; ``capacity`` maps a resource name to a quantity."""
+    """What the node should carry; ``capacity`` maps a resource name to a quantity."""
 
     labels: dict[str, str]
     annotations: dict[str, str]

@@ -1,8 +1,17 @@
-"""The agent's loop: read the GPUs, plan, write; back off on failure; stop on SIGTERM.
+"""The agent's loop: read the GPUs, plan, write; renew the heartbeat Lease; back off on
+failure; stop on SIGTERM.
 
-Decisions are :func:`agent.labels.desired_state` and :func:`agent.sync.plan_sync`;
-this module only sequences the I/O around them. The clock, the sleep (a
-``threading.Event`` that SIGTERM sets) and the jitter are injected for tests.
+Every ``interval`` the GPUs are read (NVML, no API call). The Node is read and
+brought in line only when what it should carry changed since the last sync, or every
+``resync_interval`` (to repair what someone else changed); the heartbeat Lease is
+renewed every ``heartbeat_interval``. In a steady state that is, per node and hour,
+3600/resync GETs of the Node, 3600/heartbeat Lease patches and no Node write (6 and
+12 with the defaults; the DRA check adds 2 lists per 10 minutes with capacity on).
+
+Decisions are :func:`agent.labels.desired_state`, :func:`agent.sync.plan_sync` and
+:mod:`agent.heartbeat`; this module only sequences the I/O around them. The clocks,
+the sleep (a ``threading.Event`` that SIGTERM sets) and the jitter are injected for
+tests.
 """
 
 from __future__ import annotations
@@ -17,7 +26,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO
 
-from agent import metrics
+from agent import heartbeat, metrics
+from agent.heartbeat import PodIdentity
 from agent.inventory import Backend, Inventory, InventoryError
 from agent.kubeapi import ApiError, NodeApi
 from agent.labels import Desired, allocatable_gpus, desired_state
@@ -31,6 +41,11 @@ class AgentConfig:
     node_name: str
     interval_s: float = 60.0
     heartbeat_interval_s: float = 300.0
+    #: Read the Node and repair it this often even when the GPUs did not change.
+    resync_interval_s: float = 600.0
+    #: The agent's own Pod: owns the heartbeat Lease, whose namespace is the pod's.
+    #: None (not running in a pod): no heartbeat, and the node counts as unmanaged.
+    pod: PodIdentity | None = None
     #: Advertise nvidia.com/gpu capacity (clusters with no device plugin and no DRA).
     manage_capacity: bool = False
     #: Write GPU Feature Discovery's label keys: auto (unless GFD labels the node),
@@ -58,6 +73,7 @@ class Agent:
         api: NodeApi | None,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        monotonic: Callable[[], float] = time.monotonic,
         stop: threading.Event | None = None,
         jitter: Callable[[], float] = lambda: random.uniform(0.8, 1.2),
     ) -> None:
@@ -65,12 +81,16 @@ class Agent:
         self.backend = backend
         self.api = api
         self.clock = clock
+        self.monotonic = monotonic
         self.stop = stop or threading.Event()
         self.jitter = jitter
         self._ready = (False, "no sync yet")
         self._lock = threading.Lock()
         self._ownership: Ownership | None = None
         self._dra: tuple[float, int | None] | None = None  # (checked at, devices)
+        # What the last sync brought the Node to, and when (monotonic); the last renewal.
+        self._synced: tuple[Desired, float] | None = None
+        self._renewed: float | None = None
 
     # --- readiness -----------------------------------------------------------------
     def ready(self) -> tuple[bool, str]:
@@ -121,8 +141,6 @@ class Agent:
             plan = plan_sync(
                 desired,
                 node,
-                self.clock(),
-                self.config.heartbeat_interval_s,
                 manage_capacity=own.capacity,
                 write_gfd_labels=own.gfd_labels,
             )
@@ -158,8 +176,54 @@ class Agent:
                 },
             )
             metrics.SYNCS.labels("written" if writes else "unchanged").inc()
+            self._synced = (desired, self.monotonic())
             return plan
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def sync_due(self, desired: Desired) -> bool:
+        """The Node must be read: never synced, the GPUs changed since, or the resync
+        interval has passed."""
+        if self._synced is None:
+            return True
+        last, at = self._synced
+        return last != desired or self.monotonic() - at >= self.config.resync_interval_s
+
+    def heartbeat_due(self) -> bool:
+        if self.config.pod is None:
+            return False
+        return (
+            self._renewed is None
+            or self.monotonic() - self._renewed >= self.config.heartbeat_interval_s
+        )
+
+    def renew_heartbeat(self) -> None:
+        """Renew (or create) this node's heartbeat Lease. Raises :class:`ApiError`."""
+        pod, cfg = self.config.pod, self.config
+        if self.api is None or pod is None:
+            raise RuntimeError("a heartbeat needs an API and the agent's pod")
+        lease = heartbeat.lease_object(cfg.node_name, pod, self.clock(), cfg.heartbeat_interval_s)
+        try:
+            self.api.renew_lease(pod.namespace, cfg.node_name, lease)
+        except ApiError:
+            metrics.HEARTBEATS.labels("failed").inc()
+            raise
+        metrics.HEARTBEATS.labels("renewed").inc()
+        if self._renewed is None:
+            log.info(
+                "heartbeat Lease applied",
+                extra={"node": cfg.node_name, "namespace": pod.namespace, "owner": pod.name},
+            )
+        self._renewed = self.monotonic()
+
+    def round(self) -> None:
+        """One round of the long-running mode: read the GPUs; sync the Node if due;
+        renew the heartbeat if due. Raises :class:`InventoryError` or :class:`ApiError`
+        (the heartbeat is renewed only after a round whose sync, if any, succeeded)."""
+        inventory = self.read_inventory()
+        if self.sync_due(self.desired(inventory)):
+            self.sync_once(inventory)
+        if self.heartbeat_due():
+            self.renew_heartbeat()
 
     def _decide_ownership(self, node: NodeState) -> Ownership:
         """What this agent writes on its node now; logs each change of mind once."""
@@ -209,10 +273,17 @@ class Agent:
         """Sync every interval until :attr:`stop` is set; a failed round leaves the
         Node as it is and is retried with exponential backoff. Returns 0."""
         failures = 0
+        if self.config.pod is None:
+            log.warning(
+                "no heartbeat: the agent does not know its pod (POD_NAMESPACE, POD_NAME, "
+                "POD_UID from the downward API); the extender treats this node as not "
+                "agent-managed",
+                extra={"node": self.config.node_name},
+            )
         while not self.stop.is_set():
             delay = self.config.interval_s
             try:
-                self.sync_once()
+                self.round()
             except InventoryError as exc:
                 failures += 1
                 delay = self._failed(failures, "inventory_error", f"cannot read the GPUs: {exc}")

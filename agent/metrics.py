@@ -28,3 +28,14 @@ LAST_SUCCESS = Gauge(
     "gpu_scheduler_agent_last_success_timestamp_seconds",
     "Unix time of the last successful sync round",
 )
+API_REQUESTS = Counter(
+    "gpu_scheduler_agent_api_requests_total",
+    "Requests to the API server by verb and resource (get/patch node, apply lease, "
+    "list deviceclasses/resourceslices), and the HTTP status class (2xx, 4xx, 5xx, none)",
+    ["verb", "resource", "code"],
+)
+HEARTBEATS = Counter(
+    "gpu_scheduler_agent_heartbeats_total",
+    "Heartbeat Lease applies by result (renewed, failed)",
+    ["result"],
+)

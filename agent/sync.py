@@ -8,9 +8,10 @@
 - one JSON patch on ``/status`` for ``capacity["nvidia.com/gpu"]`` (``add`` when the key
   is absent, ``test`` + ``replace`` when present), as Kubernetes' "advertise extended
   resources for a node" task does;
-- the heartbeat annotation rides on every metadata write, and forces one when the
-  Node's heartbeat is older than the heartbeat interval. In a steady state that is
-  the only write: one per heartbeat interval.
+- nothing else: in a steady state the agent writes nothing to the Node at all (its
+  heartbeat is a Lease, :mod:`agent.heartbeat`). The old heartbeat annotation is one
+  of the owned keys that no longer apply, so the first sync after an upgrade removes
+  it.
 
 What the agent may write at all is decided here too (:func:`ownership`): GPU Feature
 Discovery's label keys only where GFD does not label the node (``--gfd-labels``), and
@@ -22,14 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from agent.labels import Desired
 from gpu_scheduler import contract
 from gpu_scheduler.kube import json_pointer_token
 from gpu_scheduler.quantity import QuantityError, parse_quantity
-from gpu_scheduler.timestamps import parse_rfc3339, rfc3339
 
 FIELD_MANAGER = "gpu-scheduler-agent"
 GFD_MODES = ("auto", "always", "never")
@@ -129,21 +128,9 @@ class Plan:
         return self.metadata_patch is None and self.status_patch is None
 
 
-def heartbeat_due(current: str | None, now: datetime, interval_s: float) -> bool:
-    """True when the Node's heartbeat is missing, unreadable, at least ``interval_s``
-    old, or in the future by more than that (a clock that jumped back)."""
-    beat = parse_rfc3339(current)
-    if beat is None:
-        return True
-    age = (now - beat).total_seconds()
-    return age >= interval_s or age < -interval_s
-
-
 def plan_sync(
     desired: Desired,
     node: NodeState,
-    now: datetime,
-    heartbeat_interval_s: float,
     *,
     manage_capacity: bool = True,
     write_gfd_labels: bool = True,
@@ -157,19 +144,15 @@ def plan_sync(
             changed.append(key)
     annotations: dict[str, str | None] = {}
     for key in contract.AGENT_ANNOTATIONS:
-        if key == contract.ANN_HEARTBEAT:
-            continue
         want = desired.annotations.get(key)
         if node.annotations.get(key) != want and (want is not None or key in node.annotations):
             annotations[key] = want
             changed.append(key)
-    beat_due = heartbeat_due(
-        node.annotations.get(contract.ANN_HEARTBEAT), now, heartbeat_interval_s
-    )
     metadata_patch = None
-    if labels or annotations or beat_due:
-        annotations[contract.ANN_HEARTBEAT] = rfc3339(now)
-        meta: dict[str, Any] = {"annotations": annotations}
+    if labels or annotations:
+        meta: dict[str, Any] = {}
+        if annotations:
+            meta["annotations"] = annotations
         if labels:
             meta["labels"] = labels
         if node.resource_version:

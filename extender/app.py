@@ -245,9 +245,12 @@ class Endpoints:
         return Response(payload, mimetype="application/json")
 
 
-def start_cluster_source(kubeconfig: str | None) -> tuple[ClusterCache, Explainer]:
-    """The cluster cache (list+watch from this worker) and the placement explainer,
-    which writes its Events through the same API client."""
+def start_cluster_source(
+    kubeconfig: str | None, heartbeat_namespace: str | None = None
+) -> tuple[ClusterCache, Explainer]:
+    """The cluster cache (list+watch from this worker; the agents' heartbeat Leases
+    from ``heartbeat_namespace``) and the placement explainer, which writes its Events
+    through the same API client."""
     from kubernetes import client
 
     from gpu_scheduler.kube import api_client
@@ -258,7 +261,9 @@ def start_cluster_source(kubeconfig: str | None) -> tuple[ClusterCache, Explaine
         lambda body: core.create_namespaced_event(body["metadata"]["namespace"], body)
     ).start()
     cache = ClusterCache(on_bound=explainer.bound)
-    cache.start(core, client.ResourceV1Api(api))
+    cache.start(
+        core, client.ResourceV1Api(api), client.CoordinationV1Api(api), heartbeat_namespace
+    )
     return cache, explainer
 
 
@@ -268,6 +273,7 @@ def create_app(
     cache: ClusterCache | None = None,
     kubeconfig: str | None = None,
     *,
+    heartbeat_namespace: str | None = None,
     guard: VerbGuard = VerbGuard(),
     tls_ready: Callable[[], tuple[bool, str]] | None = None,
     explainer: Explainer | None = None,
@@ -279,7 +285,7 @@ def create_app(
     if node_source not in ("args", "cluster"):
         raise ValueError(f"node_source must be args or cluster, not {node_source!r}")
     if node_source == "cluster" and cache is None:
-        cache, explainer = start_cluster_source(kubeconfig)
+        cache, explainer = start_cluster_source(kubeconfig, heartbeat_namespace)
     decider = Decider(cfg, cache, explainer)
     endpoints = Endpoints(decider, guard)
     app = Flask("extender")

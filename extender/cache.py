@@ -1,7 +1,9 @@
-"""The cluster cache for ``--node-source cluster``: list+watch of Nodes and bound Pods.
+"""The cluster cache for ``--node-source cluster``: list+watch of Nodes, bound Pods, the
+agents' heartbeat Leases and the DRA kinds.
 
-It keeps only what the policies read: :class:`NodeFacts` per node, and per bound,
-non-terminal pod its node, GPU count and placement group. Two
+It keeps only what the policies read: :class:`NodeFacts` per node (with its agent's
+last Lease renewal), and per bound, non-terminal pod its node, GPU count and
+placement group. Two
 :class:`~extender.reflector.Reflector` threads keep it current (timeouts, bookmarks,
 relist on 410 Gone or silence). Requests never read the live state: each takes a
 :class:`~extender.view.View`, an immutable snapshot rebuilt when something changed
@@ -10,6 +12,7 @@ relist on 410 Gone or silence). Requests never read the live state: each takes a
 
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 import threading
@@ -20,7 +23,7 @@ from typing import Any
 
 from extender import dra_index, metrics
 from extender.dra_index import DraIndex
-from extender.model import MAX_GPUS, NodeFacts, node_facts
+from extender.model import MAX_GPUS, NodeFacts, lease_heartbeat, node_facts
 from extender.reflector import Reflector
 from extender.view import FreeState, View, free_state
 from extender.workload import TaskShape, task_shape, workload_mix
@@ -123,6 +126,8 @@ class ClusterCache:
         self._base: dict[str, NodeFacts] = {}
         self._nodes: dict[str, NodeFacts] = {}
         self._dra = DraIndex()
+        # Node name -> its agent's last Lease renewal (None: a Lease not renewed yet).
+        self._leases: dict[str, float | None] = {}
         self._pods: dict[str, _PodRecord] = {}
         self._used: dict[str, int] = {}
         self._groups: dict[tuple[str, str], dict[str, int]] = {}
@@ -238,15 +243,28 @@ class ClusterCache:
         dra_nodes = sum(1 for facts in self._nodes.values() if facts.dra)
         if dra_nodes:
             summary += f", {dra_nodes} with DRA GPUs ({self._dra.device_class})"
+        if "leases" in self.reflectors:
+            summary += f", {len(self._leases)} agent heartbeats"
         if age > STALE_AFTER:
             return False, f"the view is {age:.0f}s old (over {STALE_AFTER:.0f}s); {summary}"
         return True, f"{summary}; view {age:.0f}s old"
 
     # --- applying what the API server says ----------------------------------------
     def _merged(self, name: str) -> NodeFacts | None:
-        """The facts the policies see for a node: its Node's, unless the Node has no
-        allocatable GPUs and a DRA driver publishes devices of the GPU class for it
-        (kube-scheduler makes the same choice per node: a device plugin wins)."""
+        """The facts the policies see for a node: its Node's (or its DRA devices'),
+        with its agent's last heartbeat from the Lease named as the node."""
+        facts = self._gpu_facts(name)
+        beat = self._leases.get(name)
+        if facts is None or facts.heartbeat == beat:
+            return facts
+        facts = copy.copy(facts)  # the Node's own facts stay as they were read
+        facts.heartbeat = beat
+        return facts
+
+    def _gpu_facts(self, name: str) -> NodeFacts | None:
+        """A node's facts from its Node, unless the Node has no allocatable GPUs and a
+        DRA driver publishes devices of the GPU class for it (kube-scheduler makes the
+        same choice per node: a device plugin wins)."""
         base = self._base.get(name)
         gpus = self._dra.gpus(name)
         if base is None or base.error is not None or base.allocatable or not gpus:
@@ -260,7 +278,6 @@ class ClusterCache:
             product=least.product,
             capacity_type=base.capacity_type,
             zone=base.zone,
-            heartbeat=base.heartbeat,
             dra=True,
         )
 
@@ -382,6 +399,35 @@ class ClusterCache:
             if self._dra.claim_event(kind, obj):
                 self._dra_changed(set(), usage=True)
 
+    def replace_leases(self, items: Iterable[Mapping[str, Any]]) -> None:
+        beats = dict(_reduced(lease_heartbeat, items))
+        with self._lock:
+            touched = set(self._leases) | set(beats)
+            self._leases = beats
+            self._leases_changed(touched)
+        metrics.CACHE_OBJECTS.labels("leases").set(len(beats))
+
+    def lease_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        parsed = lease_heartbeat(obj)
+        if parsed is None:
+            return  # not an agent's heartbeat (the watch's label selector says so too)
+        name, beat = parsed
+        with self._lock:
+            if kind == "DELETED":
+                self._leases.pop(name, None)
+            else:
+                self._leases[name] = beat
+            self._leases_changed({name})
+        metrics.CACHE_OBJECTS.labels("leases").set(len(self._leases))
+
+    def _leases_changed(self, nodes: set[str]) -> None:
+        """Carry heartbeats into the facts of the nodes they name (lock held)."""
+        known = [name for name in nodes if name in self._base]
+        for name in known:
+            self._set_facts(name)
+        if known:
+            self._node_version += 1
+
     def replace_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
         records = dict(filter(None, (pod_record(item) for item in items)))
         with self._lock:
@@ -437,11 +483,20 @@ class ClusterCache:
                     del self._groups[record.group]
 
     # --- list+watch ---------------------------------------------------------------
-    def start(self, core_api: Any, resource_api: Any = None) -> None:
-        """Reflect Nodes and Pods (``core_api``: CoreV1Api) and, when ``resource_api``
-        (ResourceV1Api) is given, DeviceClasses, ResourceSlices and ResourceClaims, each
-        in a daemon thread. The DRA kinds are optional: a cluster that does not serve
-        ``resource.k8s.io/v1`` (or forbids reading it) has none, and says so."""
+    def start(
+        self,
+        core_api: Any,
+        resource_api: Any = None,
+        coordination_api: Any = None,
+        lease_namespace: str | None = None,
+    ) -> None:
+        """Reflect Nodes and Pods (``core_api``: CoreV1Api); when ``resource_api``
+        (ResourceV1Api) is given, DeviceClasses, ResourceSlices and ResourceClaims; and
+        when ``coordination_api`` (CoordinationV1Api) and ``lease_namespace`` are, the
+        agents' heartbeat Leases in that namespace. Each in a daemon thread. The DRA
+        kinds and the Leases are optional: a cluster that does not serve them (or
+        forbids reading them) has none, and says so; without heartbeats the heartbeat
+        policy holds nothing against any node."""
         from gpu_scheduler.kube import reset_connections
 
         def reset() -> None:
@@ -481,6 +536,14 @@ class ClusterCache:
                     True,
                 ),
             }
+        if coordination_api is not None and lease_namespace:
+            sources["leases"] = (
+                coordination_api.list_namespaced_lease,
+                {"namespace": lease_namespace, "label_selector": contract.LEASE_SELECTOR},
+                self.replace_leases,
+                self.lease_event,
+                True,
+            )
         for kind, (func, params, replace, apply, optional) in sources.items():
             classes = self.reflectors.get("deviceclasses")
             self.reflectors[kind] = Reflector(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from gpu_scheduler.serveropts import add_cert_reload_option, add_server_options
@@ -24,6 +25,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "cluster: node names only, facts from a list+watch cache (nodeCacheCapable: true)",
     )
     parser.add_argument("--kubeconfig", help="kubeconfig for cluster mode (default: in-cluster)")
+    parser.add_argument(
+        "--heartbeat-namespace",
+        default=os.environ.get("POD_NAMESPACE") or None,
+        metavar="NAMESPACE",
+        help="cluster mode: watch the agents' heartbeat Leases in NAMESPACE (default: "
+        "$POD_NAMESPACE, the install's namespace; none: no heartbeats are read)",
+    )
     parser.add_argument("--config", help="YAML file with policy weights and limits")
     parser.add_argument(
         "--tls-cert-dir",
@@ -88,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
             cfg,
             node_source=args.node_source,
             kubeconfig=args.kubeconfig,
+            heartbeat_namespace=args.heartbeat_namespace,
             guard=VerbGuard(tls=reloader is not None, client_cert=bool(args.client_ca)),
             tls_ready=reloader.ready if reloader is not None else None,
         )

@@ -132,7 +132,6 @@ def node_facts(node: Any) -> NodeFacts:
 
 def _node_facts(name: str, meta: Mapping[str, Any], node: Mapping[str, Any]) -> NodeFacts:
     labels = object_at(meta, "labels", "metadata.labels")
-    annotations = object_at(meta, "annotations", "metadata.annotations")
     status = object_at(node, "status", "status")
     raw = object_at(status, "allocatable", "status.allocatable").get(contract.RESOURCE_GPU)
     allocatable = 0
@@ -145,9 +144,6 @@ def _node_facts(name: str, meta: Mapping[str, Any], node: Mapping[str, Any]) -> 
     def label(key: str) -> str | None:
         return string_at(labels, key, f'metadata.labels["{key}"]')
 
-    heartbeat = string_at(
-        annotations, contract.ANN_HEARTBEAT, f'metadata.annotations["{contract.ANN_HEARTBEAT}"]'
-    )
     present = label(contract.LABEL_GPU_PRESENT)
     label(contract.LABEL_GPU_MEMORY)
     for key, _spot in contract.SPOT_LABELS:
@@ -163,7 +159,6 @@ def _node_facts(name: str, meta: Mapping[str, Any], node: Mapping[str, Any]) -> 
         product=_opt_intern(label(contract.LABEL_GPU_PRODUCT)),
         capacity_type=contract.capacity_type(labels),
         zone=_opt_intern(label(contract.LABEL_ZONE)),
-        heartbeat=rfc3339_seconds(heartbeat),
         replicas=replicas,
         cpu_milli=_milli(allocatable_map.get("cpu")),
         ram_mib=_mib(allocatable_map.get("memory")),
@@ -199,6 +194,29 @@ def _replicas(value: str | None) -> int:
     if value and value.isascii() and value.isdigit() and len(value) <= 5:
         return max(1, int(value))
     return 1
+
+
+def lease_heartbeat(lease: Any) -> tuple[str, float | None] | None:
+    """(node, last renewal in seconds since the epoch) of an agent's heartbeat Lease
+    (named as its node, ``contract.LEASE_LABEL``), or None for anything that is not
+    one. A Lease with no readable ``spec.renewTime`` gives (node, None): the node is
+    agent-managed but its agent has not renewed yet, which no policy holds against it."""
+    if not isinstance(lease, Mapping):
+        return None
+    meta = lease.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    name = meta.get("name")
+    labels = meta.get("labels")
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
+        return None
+    if not isinstance(labels, Mapping) or labels.get(contract.LEASE_LABEL) != (
+        contract.LEASE_LABEL_VALUE
+    ):
+        return None
+    spec = lease.get("spec")
+    renewed = spec.get("renewTime") if isinstance(spec, Mapping) else None
+    return _intern(name), rfc3339_seconds(renewed)
 
 
 @dataclass(frozen=True, slots=True)

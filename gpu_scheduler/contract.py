@@ -114,8 +114,21 @@ ANN_SPOT = "gpu-scheduler.io/spot"
 ANN_GROUP = "gpu-scheduler.io/group"
 # Node annotations written by the agent.
 ANN_GPUS = "gpu-scheduler.io/gpus"
-ANN_HEARTBEAT = "gpu-scheduler.io/agent-heartbeat"
-AGENT_ANNOTATIONS: tuple[str, ...] = (ANN_GPUS, ANN_HEARTBEAT)
+#: The agent's heartbeat before it moved to Leases: a Node annotation refreshed every
+#: few minutes (a Node write fanned out to every Node watcher). Nothing reads it any
+#: more; the agent still owns the key, to remove it from its node (docs/UPGRADING.md).
+ANN_LEGACY_HEARTBEAT = "gpu-scheduler.io/agent-heartbeat"
+AGENT_ANNOTATIONS: tuple[str, ...] = (ANN_GPUS, ANN_LEGACY_HEARTBEAT)
+
+# The agent's heartbeat: one coordination.k8s.io/v1 Lease per node, named as the node,
+# in the install's namespace, labelled LEASE_LABEL=LEASE_LABEL_VALUE, renewed by the
+# agent (spec.renewTime) and owned by the agent's Pod, so that the garbage collector
+# removes it when the pod goes. The extender watches these Leases only; a node with
+# none is not agent-managed. The kubelet's own heartbeat moved to Leases for the same
+# reason: a renewal reaches the one watcher that cares, not every watcher of Nodes.
+LEASE_LABEL = "gpu-scheduler.io/heartbeat"
+LEASE_LABEL_VALUE = "agent"
+LEASE_SELECTOR = f"{LEASE_LABEL}={LEASE_LABEL_VALUE}"
 
 # --- the GPU taint and toleration --------------------------------------------------
 GPU_TOLERATION: dict[str, str] = {

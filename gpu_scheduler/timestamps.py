@@ -1,4 +1,5 @@
-"""RFC 3339 timestamps (the agent's heartbeat): the project's one writer and reader."""
+"""RFC 3339 timestamps (the agent's heartbeat Lease, Event times): the project's one
+writer and reader."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ MAX_LENGTH = 64
 def rfc3339(moment: datetime) -> str:
     """``2026-11-29T14:00:00Z``: RFC 3339, UTC, whole seconds."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rfc3339_micro(moment: datetime) -> str:
+    """``2026-11-29T14:00:00.123456Z``: a Kubernetes ``MicroTime`` (a Lease's
+    ``renewTime``), UTC, six fractional digits as apimachinery writes them."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def parse_rfc3339(value: Any) -> datetime | None:

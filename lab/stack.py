@@ -186,6 +186,7 @@ class Stack:
         args.append(f"--node-source={node_source}")
         if node_source == "cluster":
             args.append(f"--kubeconfig={kubeconfig or self.cluster.kubeconfig}")
+            args.append(f"--heartbeat-namespace={NAMESPACE}")
         if config is not None:
             path = self.workdir / f"{name}-config.yaml"
             path.write_text(yaml.safe_dump(config))
@@ -282,10 +283,15 @@ class Stack:
         extra: list[str] | None = None,
         capacity: bool = True,
         kubeconfig: Path | None = None,
+        owner: tuple[str, str] | None = None,
     ) -> Process:
         """An agent for ``node`` (``kubeconfig``: another identity than the admin's,
-        e.g. the agent's ServiceAccount through a bound token)."""
+        e.g. the agent's ServiceAccount through a bound token). The lab's agents are
+        processes, not pods: each is given a stand-in Pod bound to its node (or
+        ``owner``, the (name, uid) of one the caller made) to own its heartbeat Lease,
+        as the DaemonSet's pod does; deleting that pod deletes the Lease."""
         port = free_port()
+        name, uid = owner or self.agent_pod(node)
         return self.cluster.spawn(
             f"agent-{node}",
             [
@@ -297,11 +303,46 @@ class Stack:
                 f"--interval={interval}",
                 f"--heartbeat-interval={heartbeat_interval}",
                 f"--port={port}",
+                f"--pod-namespace={NAMESPACE}",
+                f"--pod-name={name}",
+                f"--pod-uid={uid}",
                 # The lab has no device plugin: the agent advertises the capacity.
                 *(["--capacity"] if capacity else []),
                 *(extra or []),
             ],
         )
+
+    def agent_pod(self, node: str) -> tuple[str, str]:
+        """A stand-in for the agent DaemonSet's pod on ``node`` (pause, never run by
+        the lab): (name, uid). Made again if one of that name exists."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        core = client.CoreV1Api(self.cluster.api_client())
+        try:
+            core.create_namespace({"metadata": {"name": NAMESPACE}})
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        name = f"gpu-scheduler-agent-{node}"[:63].rstrip("-.")
+        body = {
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "lab-agent"}},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}],
+                "tolerations": [{"operator": "Exists"}],
+                "terminationGracePeriodSeconds": 0,
+            },
+        }
+        try:
+            pod = core.create_namespaced_pod(NAMESPACE, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+            time.sleep(0.5)
+            pod = core.create_namespaced_pod(NAMESPACE, body)
+        return name, pod.metadata.uid
 
     def stop(self) -> None:
         if self.shim is not None:

@@ -16,7 +16,6 @@ def make_node(
     capacity_type: str | None = None,
     karpenter: str | None = None,
     zone: str | None = None,
-    heartbeat: str | None = None,
     cpu: str = "32",
     memory: str = "256Gi",
     extra_labels: dict[str, str] | None = None,
@@ -37,8 +36,6 @@ def make_node(
         labels[contract.LABEL_ZONE] = zone
     labels.update(extra_labels or {})
     annotations = {"node.alpha.kubernetes.io/ttl": "0"}
-    if heartbeat:
-        annotations[contract.ANN_HEARTBEAT] = heartbeat
     resources = {"cpu": cpu, "memory": memory, "pods": "110"}
     if gpus:
         resources[contract.RESOURCE_GPU] = str(gpus)
@@ -96,4 +93,27 @@ def make_pod(
         },
         "spec": spec,
         "status": {"phase": phase},
+    }
+
+
+def make_lease(node: str, renewed: str | None, namespace: str = "gpu-scheduler") -> dict[str, Any]:
+    """An agent's heartbeat Lease for ``node``, last renewed at ``renewed`` (a MicroTime
+    or any RFC 3339 time; None: never renewed), as the API server lists it."""
+    spec: dict[str, Any] = {"holderIdentity": node, "leaseDurationSeconds": 900}
+    if renewed is not None:
+        spec["renewTime"] = renewed
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": node,
+            "namespace": namespace,
+            "uid": f"lease-{node}",
+            "resourceVersion": "1",
+            "labels": {contract.LEASE_LABEL: contract.LEASE_LABEL_VALUE},
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": f"agent-{node}", "uid": "pod-uid"}
+            ],
+        },
+        "spec": spec,
     }

@@ -32,6 +32,12 @@ HEADER = """\
 #     finalizers;
 #   - in status, nvidia.com/gpu capacity and allocatable only. Whether it may write
 #     status at all is RBAC's call: only the capacity component grants nodes/status.
+# A second policy confines its heartbeat Leases (coordination.k8s.io, in the install's
+# namespace, where its Role lets it create and patch Leases) to:
+#   - the Lease named as its own node (the token's node claim);
+#   - carrying the heartbeat label, held by that node;
+#   - owned by exactly its own Pod (the token's pod-uid claim), so that the garbage
+#     collector deletes the Lease with the pod and no heartbeat is ever left behind.
 # Everything else is refused with a message that says why. Needs Kubernetes 1.30+
 # (ValidatingAdmissionPolicy GA, node claims in service-account tokens).
 """
@@ -168,6 +174,82 @@ metadata:
 spec:
   policyName: gpu-scheduler-agent-own-node
   validationActions: [Deny]
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: gpu-scheduler-agent-own-lease{labels}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: [coordination.k8s.io]
+        apiVersions: ["*"]
+        operations: [CREATE, UPDATE, DELETE]
+        resources: [leases]
+  matchConditions:
+    - name: is-the-agent
+      expression: >-
+        request.userInfo.username ==
+        '{user}'
+  variables:
+    - name: nodeName
+      expression: >-
+        'authentication.kubernetes.io/node-name' in request.userInfo.extra &&
+        size(request.userInfo.extra['authentication.kubernetes.io/node-name']) == 1
+        ? request.userInfo.extra['authentication.kubernetes.io/node-name'][0] : ''
+    - name: podUID
+      expression: >-
+        'authentication.kubernetes.io/pod-uid' in request.userInfo.extra &&
+        size(request.userInfo.extra['authentication.kubernetes.io/pod-uid']) == 1
+        ? request.userInfo.extra['authentication.kubernetes.io/pod-uid'][0] : ''
+    - name: owners
+      expression: "object == null ? [] : object.metadata.?ownerReferences.orValue([])"
+  validations:
+    - expression: "variables.nodeName != '' && variables.podUID != ''"
+      message: >-
+        the gpu-scheduler agent's token carries no node or pod claim: use the token the
+        kubelet mounts into the agent's pod (a bound service-account token)
+      reason: Forbidden
+    - expression: "request.name == variables.nodeName"
+      messageExpression: >-
+        'the gpu-scheduler agent on node ' + variables.nodeName +
+        ' may write only the heartbeat Lease named ' + variables.nodeName + ', not ' +
+        request.name
+      reason: Forbidden
+    - expression: "request.operation != 'DELETE'"
+      message: >-
+        the gpu-scheduler agent never deletes its heartbeat Lease: the garbage collector
+        does, with the agent's pod
+      reason: Forbidden
+    - expression: >-
+        object == null ||
+        object.metadata.?labels[?'{lease_label}'].orValue('') == '{lease_value}'
+      message: >-
+        the gpu-scheduler agent's heartbeat Lease carries the label
+        {lease_label}={lease_value}
+      reason: Forbidden
+    - expression: "object == null || object.spec.?holderIdentity.orValue('') == variables.nodeName"
+      messageExpression: >-
+        'the gpu-scheduler agent on node ' + variables.nodeName +
+        ' holds its heartbeat Lease as ' + variables.nodeName
+      reason: Forbidden
+    - expression: >-
+        object == null ||
+        (size(variables.owners) == 1 && variables.owners[0].apiVersion == 'v1' &&
+        variables.owners[0].kind == 'Pod' && variables.owners[0].uid == variables.podUID)
+      message: >-
+        the gpu-scheduler agent's heartbeat Lease must be owned by exactly the agent's
+        own Pod (the one its token is bound to), so that it goes with the pod
+      reason: Forbidden
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: gpu-scheduler-agent-own-lease{labels}
+spec:
+  policyName: gpu-scheduler-agent-own-lease
+  validationActions: [Deny]
 """
 
 
@@ -183,6 +265,8 @@ def render(user: str, labels: str = "") -> str:
         owned_annotations=_quoted(contract.AGENT_ANNOTATIONS),
         user=user,
         labels=labels,
+        lease_label=contract.LEASE_LABEL,
+        lease_value=contract.LEASE_LABEL_VALUE,
     )
 
 

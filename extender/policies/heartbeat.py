@@ -1,7 +1,11 @@
 """heartbeat: no new GPU pods on a node whose gpu-scheduler agent has gone silent.
 
-A node without the heartbeat annotation (labelled by GPU Feature Discovery, not our
-agent) is trusted as it is.
+The heartbeat is the agent's Lease (named as the node, in the install's namespace,
+``contract.LEASE_LABEL``; cluster mode only, args mode has no heartbeats). A node
+with no such Lease is not agent-managed (labelled by GPU Feature Discovery, or its
+agent is gone: the Lease is owned by the agent's Pod and goes with it) and is trusted
+as it is: a heartbeat can never be left behind to refuse a node forever. The old
+``gpu-scheduler.io/agent-heartbeat`` Node annotation is not read.
 
 The guard. The policy must not turn the extender's own trouble into a fleet-wide
 outage: heartbeats age against the clock, so a cache that stopped hearing from the
@@ -17,8 +21,9 @@ log, while
 
 A silent node fails as *unresolvable*: kube-scheduler's preemption must not evict pods
 from a node the extender will keep refusing. kube-scheduler still retries the pod on
-every cluster event (a heartbeat update is one), so the node is used again as soon
-as its agent reports.
+every cluster event, so the node is used again once its agent renews its Lease
+(a Lease is not an event kube-scheduler watches: the next pod or node change, or its
+periodic flush of unschedulable pods within 5 minutes, brings the pod back).
 """
 
 from __future__ import annotations
@@ -70,8 +75,9 @@ class HeartbeatPolicy(Policy):
             return None
         age = int(view.now() - beat)
         return Failure(
-            f"gpu-scheduler agent on this node is silent: last {contract.ANN_HEARTBEAT} "
-            f"{age}s ago (window {int(self.window)}s)",
+            f"gpu-scheduler agent on this node is silent: its heartbeat Lease "
+            f"{contract.LEASE_SELECTOR} was last renewed {age}s ago (window "
+            f"{int(self.window)}s)",
             True,
         )
 

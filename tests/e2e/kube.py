@@ -170,3 +170,35 @@ def install_certs(cluster: Any, out: Path, shims: Path) -> subprocess.CompletedP
         text=True,
         timeout=180,
     )
+
+
+def read_lease(stack, node: str) -> Any:
+    """The agent's heartbeat Lease for ``node``, or None."""
+    from lab.stack import NAMESPACE
+
+    try:
+        return client.CoordinationV1Api(stack.api).read_namespaced_lease(node, NAMESPACE)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def put_lease(stack, node: str, renewed: Any) -> None:
+    """Write ``node``'s heartbeat Lease as renewed at ``renewed`` (a datetime), as the
+    agent would but with no owner (there is no agent pod to own it), by server-side
+    apply as the admin."""
+    from agent.heartbeat import PodIdentity, lease_object
+    from lab.stack import NAMESPACE
+
+    ensure_namespace(stack, NAMESPACE)
+    body = lease_object(node, PodIdentity(NAMESPACE, "none", "none"), renewed, 300)
+    del body["metadata"]["ownerReferences"]
+    client.CoordinationV1Api(stack.api).patch_namespaced_lease(
+        node,
+        NAMESPACE,
+        body,
+        field_manager="e2e",
+        force=True,
+        _content_type="application/apply-patch+yaml",
+    )

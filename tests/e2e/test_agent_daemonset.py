@@ -11,7 +11,7 @@ from kubernetes import client
 
 from gpu_scheduler import contract
 from lab.stack import NAMESPACE, deploy_documents
-from tests.e2e.kube import create_node, ensure_namespace, unique
+from tests.e2e.kube import create_node, ensure_namespace, read_lease, unique
 from tests.helpers import wait_for
 
 GPU_NODE_LABELS = (
@@ -60,7 +60,9 @@ def test_agent_publishes_updates_and_then_stays_quiet(stack, tmp_path: Path):
     assert labels[contract.LABEL_GPU_MEMORY] == "81559"
     assert labels[contract.LABEL_GPU_FAMILY] == "hopper"
     annotations = core.read_node(node).metadata.annotations
-    assert contract.ANN_GPUS in annotations and contract.ANN_HEARTBEAT in annotations
+    assert contract.ANN_GPUS in annotations
+    assert contract.ANN_LEGACY_HEARTBEAT not in annotations  # a Lease now
+    wait_for(lambda: read_lease(stack, node) is not None, 30, "the agent's heartbeat Lease")
 
     # a GPU turns unhealthy: capacity follows
     inventory.write_text(yaml.safe_dump(h100_inventory(8, unhealthy=1)))

@@ -4,6 +4,7 @@ token bound to a pod on node A, as the kubelet mounts it into the agent's pod.""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,11 @@ import requests
 import yaml
 from kubernetes import client
 
+from agent.heartbeat import PodIdentity, lease_object
 from gpu_scheduler import contract
 from lab.controlplane import ROOT
 from lab.stack import NAMESPACE
-from tests.e2e.kube import create_node, ensure_namespace, unique
+from tests.e2e.kube import create_node, ensure_namespace, read_lease, unique
 from tests.e2e.test_agent_daemonset import h100_inventory
 from tests.helpers import wait_for
 
@@ -60,6 +62,19 @@ class AsAgent:
         self.session.verify = str(stack.cluster.ca_file)
         self.session.headers["Authorization"] = f"Bearer {token}"
 
+    def apply_lease(self, name: str, body: dict[str, Any]) -> requests.Response:
+        """Server-side apply of a Lease in the install's namespace, as the agent does."""
+        url = (
+            f"{self.server}/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{name}"
+            "?fieldManager=gpu-scheduler-agent&force=true"
+        )
+        return self.session.patch(
+            url,
+            data=json.dumps(body),
+            headers={"Content-Type": "application/apply-patch+yaml"},
+            timeout=10,
+        )
+
     def patch(self, node: str, body: dict[str, Any], status: bool = False) -> requests.Response:
         url = f"{self.server}/api/v1/nodes/{node}" + ("/status" if status else "")
         return self.session.patch(
@@ -70,10 +85,12 @@ class AsAgent:
         )
 
 
-def _denied(response: requests.Response, needle: str) -> None:
+def _denied(
+    response: requests.Response, needle: str, policy: str = "gpu-scheduler-agent-own-node"
+) -> None:
     assert response.status_code == 403, response.text
     message = response.json().get("message", "")
-    assert "gpu-scheduler-agent-own-node" in message and needle in message, message
+    assert policy in message and needle in message, message
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +116,7 @@ def confined(stack):
         "the admission policy to take effect",
         interval=0.5,
     )
-    yield {"core": core, "agent": agent, "a": node_a, "b": node_b}
+    yield {"core": core, "agent": agent, "a": node_a, "b": node_b, "pod": pod}
     _apply(stack, *RBAC, POLICY, delete=True)
     core.delete_collection_namespaced_pod(NAMESPACE, label_selector="e2e=confinement")
     for node in (node_a, node_b):
@@ -133,7 +150,7 @@ def test_own_labels_annotations_heartbeat_and_gpu_capacity_pass(confined):
                 "labels": labels,
                 "annotations": {
                     contract.ANN_GPUS: "[]",
-                    contract.ANN_HEARTBEAT: "2026-11-30T00:00:00Z",
+                    contract.ANN_LEGACY_HEARTBEAT: "2026-11-30T00:00:00Z",
                 },
             }
         },
@@ -149,7 +166,7 @@ def test_own_labels_annotations_heartbeat_and_gpu_capacity_pass(confined):
 
 def test_another_node_is_denied(confined):
     response = confined["agent"].patch(
-        confined["b"], {"metadata": {"annotations": {contract.ANN_HEARTBEAT: "now"}}}
+        confined["b"], {"metadata": {"annotations": {contract.ANN_LEGACY_HEARTBEAT: "now"}}}
     )
     _denied(response, f"may change only that Node, not {confined['b']}")
 
@@ -199,6 +216,53 @@ def test_other_resources_and_status_fields_are_denied(confined):
     )
 
 
+def _lease(node: str, pod: Any, **changes: Any) -> dict[str, Any]:
+    body = lease_object(
+        node,
+        PodIdentity(NAMESPACE, pod.metadata.name, pod.metadata.uid),
+        dt.datetime.now(dt.UTC),
+        300,
+    )
+    for path, value in changes.items():
+        section, key = path.split("__")
+        if value is None:
+            body[section].pop(key, None)
+        else:
+            body[section][key] = value
+    return body
+
+
+LEASE_POLICY = "gpu-scheduler-agent-own-lease"
+
+
+def test_its_own_heartbeat_lease_owned_by_its_pod_passes(confined):
+    agent, a, pod = confined["agent"], confined["a"], confined["pod"]
+    response = agent.apply_lease(a, _lease(a, pod))
+    assert response.status_code in (200, 201), response.text
+    response = agent.apply_lease(a, _lease(a, pod))  # and renewing it
+    assert response.status_code == 200, response.text
+
+
+def test_another_nodes_lease_is_denied(confined):
+    b, pod = confined["b"], confined["pod"]
+    response = confined["agent"].apply_lease(b, _lease(b, pod, spec__holderIdentity=confined["a"]))
+    _denied(response, f"may write only the heartbeat Lease named {confined['a']}", LEASE_POLICY)
+
+
+def test_a_lease_not_owned_by_its_own_pod_is_denied(confined):
+    a, pod = confined["a"], confined["pod"]
+    other = [{"apiVersion": "v1", "kind": "Pod", "name": "x", "uid": "not-its-pod"}]
+    for owners in (other, None):  # someone else's pod; no owner (would outlive the pod)
+        body = _lease(a, pod, metadata__ownerReferences=owners)
+        _denied(confined["agent"].apply_lease(a, body), "owned by exactly", LEASE_POLICY)
+
+
+def test_a_lease_without_the_heartbeat_label_is_denied(confined):
+    a, pod = confined["a"], confined["pod"]
+    body = _lease(a, pod, metadata__labels={"app": "something-else"})
+    _denied(confined["agent"].apply_lease(a, body), "carries the label", LEASE_POLICY)
+
+
 def test_a_token_without_a_node_claim_is_denied(stack, confined):
     unbound = AsAgent(stack, _token(confined["core"], None))
     response = unbound.patch(
@@ -224,22 +288,29 @@ def test_the_agent_keeps_working_with_its_bound_token(stack, confined, tmp_path)
     # manager), and the agent leaves keys it does not own alone.
     core = confined["core"]
     a = create_node(stack, unique("agent"), case="confinement")
-    token = _token(core, _agent_pod(core, a))
+    pod = _agent_pod(core, a)
+    token = _token(core, pod)
     kubeconfig = stack.cluster.kubeconfig_with_token(unique("agent"), token)
     inventory = tmp_path / "gpus.yaml"
     inventory.write_text(yaml.safe_dump(h100_inventory(4)))
-    agent = stack.start_agent(a, inventory, interval="1s", kubeconfig=kubeconfig)
+    agent = stack.start_agent(
+        a,
+        inventory,
+        interval="1s",
+        kubeconfig=kubeconfig,
+        owner=(pod.metadata.name, pod.metadata.uid),
+    )
     try:
 
         def published() -> bool:
             node = core.read_node(a)
             return (
                 node.metadata.labels.get(contract.LABEL_GPU_COUNT) == "4"
-                and contract.ANN_HEARTBEAT in (node.metadata.annotations or {})
                 and (node.status.capacity or {}).get(contract.RESOURCE_GPU) == "4"
+                and read_lease(stack, a) is not None
             )
 
-        wait_for(published, 60, "the confined agent's labels, heartbeat and capacity")
+        wait_for(published, 60, "the confined agent's labels, heartbeat Lease and capacity")
         assert agent.alive()
         log = Path(agent.log_path).read_text()
         assert "Forbidden" not in log, log[-2000:]

@@ -17,8 +17,7 @@ import pytest
 import requests
 
 from gpu_scheduler import contract
-from gpu_scheduler.timestamps import rfc3339
-from tests.e2e.kube import bind_pod, core, wait_bound, wait_event
+from tests.e2e.kube import bind_pod, core, put_lease, wait_bound, wait_event
 from tests.e2e.scenarios import Scenario, own_stack, scenario
 from tests.helpers import wait_for
 
@@ -197,10 +196,13 @@ def test_heartbeat_guard(faults):
     silent at once (a partition, not five failures) trips the guard: pods are placed,
     and the metric and the log say why."""
     now = dt.datetime.now(dt.UTC)
-    fresh, old = rfc3339(now), rfc3339(now - dt.timedelta(hours=1))
+    fresh, old = now, now - dt.timedelta(hours=1)
     with scenario(faults, "heartbeat", proxied=False) as s:
-        nodes = [s.node("heartbeat", **{contract.ANN_HEARTBEAT: fresh}) for _ in range(4)]
-        silent = s.node("heartbeat", **{contract.ANN_HEARTBEAT: old})
+        nodes = [s.node("heartbeat") for _ in range(4)]
+        silent = s.node("heartbeat")
+        for name in nodes:
+            put_lease(faults, name, fresh)
+        put_lease(faults, silent, old)
         wait_for(lambda: s.ready() == 200, 30, "extender ready")
         pinned = s.pod(1, "heartbeat", node_selector={"kubernetes.io/hostname": silent})
         wait_event(faults, pinned, "agent on this node is silent", timeout=30)
@@ -209,9 +211,7 @@ def test_heartbeat_guard(faults):
         assert wait_bound(faults, free, timeout=30) in nodes
         assert not core(faults).read_namespaced_pod(pinned, "default").spec.node_name
         for name in nodes:
-            core(faults).patch_node(
-                name, {"metadata": {"annotations": {contract.ANN_HEARTBEAT: old}}}
-            )
+            put_lease(faults, name, old)
         assert wait_bound(faults, pinned, timeout=60) == silent
         assert s.metric("gpu_scheduler_extender_heartbeat_guard_tripped") == 1
         assert "heartbeat guard tripped" in s.extender.log_path.read_text()

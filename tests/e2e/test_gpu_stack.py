@@ -17,7 +17,7 @@ import requests
 from kubernetes import client
 
 from gpu_scheduler import contract, dra
-from tests.e2e.kube import core, create_node, gpu_labels, wait_bound, wait_event
+from tests.e2e.kube import core, create_node, gpu_labels, read_lease, wait_bound, wait_event
 from tests.e2e.scenarios import (
     GPU_TAINT,
     create_gpu_device_class,
@@ -65,16 +65,12 @@ def test_the_agent_leaves_gfd_labels_and_device_plugin_capacity_alone(lab):
     """A node labelled by GFD (time-sliced T4s) whose capacity the device plugin
     advertises; our agent (fake H100 inventory, defaults: --gfd-labels auto, no
     capacity) runs many sync periods: it never writes GFD's keys or the capacity,
-    writes its heartbeat and annotation, and the extender places by GFD's labels."""
+    renews its heartbeat Lease, writes its annotation, and the extender places by GFD's labels."""
     name = create_node(lab, "gfd-node", case="gfd", taints=GPU_TAINT)
     core(lab).patch_node(name, {"metadata": {"labels": GFD_LABELS}}, field_manager=GFD_MANAGER)
     play_kubelet_with_device_plugin(lab, name, 4)  # 2 T4s x 2 replicas
     agent = lab.start_agent(name, FIXTURES / "h100x8.yaml", interval="1s", capacity=False)
-    wait_for(
-        lambda: contract.ANN_HEARTBEAT in (core(lab).read_node(name).metadata.annotations or {}),
-        30,
-        "the agent's heartbeat",
-    )
+    wait_for(lambda: read_lease(lab, name) is not None, 30, "the agent's heartbeat Lease")
     time.sleep(6)  # several sync periods
     node = core(lab).read_node(name)
     for key, value in GFD_LABELS.items():

@@ -11,7 +11,7 @@ import datetime as dt
 import pytest
 
 from gpu_scheduler import contract
-from lab.stack import scheduler_config
+from lab.stack import NAMESPACE, scheduler_config
 from tests.e2e.kube import (
     bind_pod,
     create_node,
@@ -19,6 +19,7 @@ from tests.e2e.kube import (
     delete_pod,
     gpu_labels,
     pod_manifest,
+    put_lease,
     read_pod,
     unique,
     wait_bound,
@@ -146,18 +147,17 @@ def test_group_is_drawn_to_the_zone_it_runs_in(stack):
 def test_node_with_a_stale_agent_heartbeat_gets_no_gpu_pods(stack):
     case = "heartbeat"
     now = dt.datetime.now(dt.UTC)
-    stale_at = (now - dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    fresh_at = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     stale = gpu_node(stack, case, 8)
     fresh = gpu_node(stack, case, 8)
-    from kubernetes import client
-
-    api = client.CoreV1Api(stack.api)
-    api.patch_node(stale, {"metadata": {"annotations": {contract.ANN_HEARTBEAT: stale_at}}})
-    api.patch_node(fresh, {"metadata": {"annotations": {contract.ANN_HEARTBEAT: fresh_at}}})
+    put_lease(stack, stale, now - dt.timedelta(hours=1))
+    put_lease(stack, fresh, now)
     bind_pod(stack, fresh, 7)  # fresh has 1 free; stale has 8
     pod = place(stack, case)
     assert wait_bound(stack, pod) == fresh
     waiting = place(stack, case)  # fresh is full now, and stale must not take it
     wait_event(stack, waiting, "agent on this node is silent")
     delete_pod(stack, waiting)
+    from kubernetes import client
+
+    for name in (stale, fresh):  # no silent agents left behind for the other tests
+        client.CoordinationV1Api(stack.api).delete_namespaced_lease(name, NAMESPACE)

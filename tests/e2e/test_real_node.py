@@ -35,7 +35,7 @@ from gpu_scheduler import contract
 from lab import realnode
 from lab.controlplane import ROOT, start_control_plane
 from lab.stack import NAMESPACE, Stack
-from tests.e2e.kube import ensure_namespace, install_certs, unique
+from tests.e2e.kube import ensure_namespace, install_certs, read_lease, unique
 from tests.e2e.test_agent_daemonset import h100_inventory
 from tests.helpers import wait_for
 
@@ -220,16 +220,25 @@ def test_agent_pod_runs_on_the_real_node_and_publishes(real):
         return (
             node.metadata.labels.get(contract.LABEL_GPU_COUNT) == str(GPUS)
             and contract.ANN_GPUS in annotations
-            and contract.ANN_HEARTBEAT in annotations
             and node.status.capacity.get(contract.RESOURCE_GPU) == str(GPUS)
+            and read_lease(real, NODE) is not None
         )
 
-    wait_for(published, 60, "the agent's labels, annotations and capacity on the Node", 1)
+    wait_for(published, 60, "the agent's labels, annotations, capacity and Lease", 1)
     node = core.read_node(NODE)
     assert node.metadata.labels[contract.LABEL_GPU_PRODUCT] == "NVIDIA-H100-80GB-HBM3"
+    assert contract.ANN_LEGACY_HEARTBEAT not in (node.metadata.annotations or {})
     # Written by the pod, with the pod's own token: the kubelet is the only other
     # writer of this Node, and it writes none of these.
     (agent,) = pods(real, "app.kubernetes.io/name=gpu-scheduler-agent")
+    # Its heartbeat: the Lease named as the node, owned by the pod (through the
+    # admission policy, which checks the owner against the token's pod claim).
+    lease = read_lease(real, NODE)
+    assert lease.metadata.labels == {contract.LEASE_LABEL: contract.LEASE_LABEL_VALUE}
+    assert [(o.kind, o.uid) for o in lease.metadata.owner_references] == [
+        ("Pod", agent.metadata.uid)
+    ]
+    assert lease.spec.holder_identity == NODE and lease.spec.renew_time is not None
     assert agent.spec.service_account_name == "gpu-scheduler-agent"
     assert agent.spec.containers[0].image == realnode.images()["GPU_SCHEDULER_IMAGE"]
 

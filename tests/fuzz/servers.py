@@ -49,7 +49,7 @@ def base_pod() -> dict[str, Any]:
 def base_nodes() -> list[dict[str, Any]]:
     return [
         make_node(NODE_NAMES[0], 8, zone="z1", capacity_type="SPOT", **H100),
-        make_node(NODE_NAMES[1], 4, zone="z2", heartbeat="2026-11-30T00:00:00Z", **H100),
+        make_node(NODE_NAMES[1], 4, zone="z2", **H100),
         make_node(NODE_NAMES[2], 2, zone="z1", karpenter="on-demand", **H100),
     ]
 

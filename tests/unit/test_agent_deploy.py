@@ -71,10 +71,36 @@ def test_rbac_is_least_privilege() -> None:
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
     assert rules == {(("",), ("nodes",)): {"get", "patch"}}
     (binding,) = [d for d in docs("rbac.yaml") if d["kind"] == "ClusterRoleBinding"]
-    assert (
-        binding["subjects"][0]["name"]
-        == daemonset()["spec"]["template"]["spec"]["serviceAccountName"]
-    )
+    account = daemonset()["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"][0]["name"] == account
+    # Its heartbeat Lease: create and patch (server-side apply), in its namespace only.
+    (lease_role,) = [d for d in docs("rbac.yaml") if d["kind"] == "Role"]
+    assert lease_role["metadata"]["namespace"] == "gpu-scheduler"
+    (rule,) = lease_role["rules"]
+    assert rule == {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["create", "patch"],
+    }
+    (lease_binding,) = [d for d in docs("rbac.yaml") if d["kind"] == "RoleBinding"]
+    assert lease_binding["subjects"][0]["name"] == account
+    assert lease_binding["roleRef"]["name"] == lease_role["metadata"]["name"]
+
+
+def test_the_pod_knows_itself_for_its_heartbeat_lease() -> None:
+    """The downward API gives the agent its pod's namespace, name and UID: the Lease's
+    namespace and owner (without them there is no heartbeat)."""
+    env = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in daemonset()["spec"]["template"]["spec"]["containers"][0]["env"]
+        if "valueFrom" in e
+    }
+    assert env == {
+        "NODE_NAME": "spec.nodeName",
+        "POD_NAMESPACE": "metadata.namespace",
+        "POD_NAME": "metadata.name",
+        "POD_UID": "metadata.uid",
+    }
 
 
 def test_agent_is_in_the_base() -> None:
@@ -86,9 +112,9 @@ def test_agent_is_in_the_base() -> None:
     assert "namespace" not in own
     namespaced = [
         d for f in ("rbac.yaml", "daemonset.yaml") for d in docs(f)
-        if d["kind"] in ("ServiceAccount", "DaemonSet")
+        if d["kind"] in ("ServiceAccount", "DaemonSet", "Role", "RoleBinding")
     ]
-    assert len(namespaced) == 2
+    assert len(namespaced) == 4
     assert {d["metadata"]["namespace"] for d in namespaced} == {"gpu-scheduler"}
 
 
@@ -103,8 +129,12 @@ def test_kustomize_builds() -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "DaemonSet",
+        "Role",
+        "RoleBinding",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]
 
@@ -132,7 +162,7 @@ def test_both_policy_files_are_what_the_generator_writes() -> None:
 
 
 def test_admission_policy_confines_the_agent_to_the_contract_keys() -> None:
-    policy, binding = docs("admission-policy.yaml")
+    policy, binding, lease_policy, lease_binding = docs("admission-policy.yaml")
     assert policy["kind"] == "ValidatingAdmissionPolicy"
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     assert _cel_string_list(variables["ownedLabels"]) == list(contract.AGENT_LABELS)
@@ -147,5 +177,16 @@ def test_admission_policy_confines_the_agent_to_the_contract_keys() -> None:
     assert binding["kind"] == "ValidatingAdmissionPolicyBinding"
     assert binding["spec"] == {
         "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    # The Lease policy: the same user, Leases only, the contract's heartbeat label.
+    assert lease_policy["spec"]["matchConditions"] == policy["spec"]["matchConditions"]
+    (rule,) = lease_policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == ["coordination.k8s.io"] and rule["resources"] == ["leases"]
+    checks = " ".join(v["expression"] for v in lease_policy["spec"]["validations"])
+    assert f"'{contract.LEASE_LABEL}'" in checks and f"'{contract.LEASE_LABEL_VALUE}'" in checks
+    assert "variables.podUID" in checks and "request.name == variables.nodeName" in checks
+    assert lease_binding["spec"] == {
+        "policyName": lease_policy["metadata"]["name"],
         "validationActions": ["Deny"],
     }

@@ -14,6 +14,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
+from agent.heartbeat import PodIdentity
 from agent.inventory import FakeBackend, Inventory, InventoryError
 from agent.kubeapi import ApiError, KubeNodeApi
 from agent.loop import Agent, AgentConfig, backoff_delay
@@ -55,6 +56,8 @@ class FakeApi:
         self.on_patch: Any = None
         self.dra: int | None = 0
         self.dra_calls = 0
+        self.leases: dict[tuple[str, str], dict[str, Any]] = {}
+        self.lease_fail: list[ApiError] = []
 
     def _bump(self) -> None:
         meta = self.node["metadata"]
@@ -91,6 +94,12 @@ class FakeApi:
         self.dra_calls += 1
         return self.dra
 
+    def renew_lease(self, namespace: str, name: str, lease: dict) -> None:
+        self.calls.append("lease")
+        if self.lease_fail:
+            raise self.lease_fail.pop(0)
+        self.leases[(namespace, name)] = lease
+
 
 class Clock:
     def __init__(self) -> None:
@@ -98,6 +107,9 @@ class Clock:
 
     def __call__(self) -> datetime:
         return self.now
+
+    def mono(self) -> float:
+        return (self.now - T0).total_seconds()
 
 
 class ScriptedStop(threading.Event):
@@ -136,10 +148,17 @@ def h100() -> Inventory:
     return FakeBackend(FIXTURES / "h100x8.yaml").read()
 
 
-def make_agent(api: FakeApi, backend: Any = None, **kw: Any) -> Agent:
+POD = PodIdentity("gpu-scheduler", "gpu-scheduler-agent-abcde", "uid-1")
+
+
+def make_agent(
+    api: FakeApi, backend: Any = None, pod: PodIdentity | None = None, **kw: Any
+) -> Agent:
     config = AgentConfig(
-        node_name="gpu-1", backoff_base_s=2.0, backoff_max_s=60.0, manage_capacity=True
+        node_name="gpu-1", backoff_base_s=2.0, backoff_max_s=60.0, manage_capacity=True, pod=pod
     )
+    if "clock" in kw:
+        kw["monotonic"] = kw["clock"].mono
     return Agent(
         config, backend or FakeBackend(FIXTURES / "h100x8.yaml"), api, jitter=lambda: 1.0, **kw
     )
@@ -155,7 +174,7 @@ def test_sync_writes_once_then_nothing() -> None:
     assert labels[contract.LABEL_GPU_PRODUCT] == "NVIDIA-H100-80GB-HBM3"
     assert labels["kubernetes.io/hostname"] == "gpu-1"
     assert api.node["status"]["capacity"] == {"cpu": "32", contract.RESOURCE_GPU: "8"}
-    assert api.node["metadata"]["annotations"][contract.ANN_HEARTBEAT] == "2026-11-29T14:00:00Z"
+    assert contract.ANN_LEGACY_HEARTBEAT not in api.node["metadata"]["annotations"]
     api.calls.clear()
     clock.now += timedelta(seconds=60)
     assert agent.sync_once().empty
@@ -238,14 +257,53 @@ def test_retry_after_is_honoured() -> None:
     assert stop.delays == [30.0]
 
 
-def test_steady_state_writes_at_most_once_per_heartbeat_interval() -> None:
+def test_an_hour_in_a_steady_state_writes_nothing_to_the_node() -> None:
+    """One hour at 60 s rounds: the first round writes the Node, then nothing; the Node
+    is read every resync (10 min) and the Lease renewed every 5 min: 18 calls an hour
+    (before Leases: 60 reads and 12 Node writes)."""
     api = FakeApi()
     clock = Clock()
-    stop = ScriptedStop(rounds=60, clock=clock)  # one hour at 60 s
+    stop = ScriptedStop(rounds=60, clock=clock)
+    make_agent(api, pod=POD, stop=stop, clock=clock).run_forever()
+    assert api.calls[:4] == ["get", "metadata", "status", "lease"]
+    assert api.calls.count("metadata") == 1 and api.calls.count("status") == 1
+    assert api.calls.count("get") == 6  # t = 0, 10m, ..., 50m
+    assert api.calls.count("lease") == 12  # t = 0, 5m, ..., 55m
+    lease = api.leases[("gpu-scheduler", "gpu-1")]
+    assert lease["spec"]["renewTime"] == "2026-11-29T14:55:00.000000Z"
+    assert lease["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_a_change_of_the_gpus_is_written_at_the_next_round() -> None:
+    api = FakeApi()
+    clock = Clock()
+    stop = ScriptedStop(rounds=3, clock=clock)
+    backend = FakeBackend(FIXTURES / "h100x8.yaml")
+    lost = FakeBackend(FIXTURES / "cpu-none.yaml").read()
+    reads = iter([h100(), lost, lost])
+    backend.read = lambda: next(reads)  # type: ignore[method-assign]
+    make_agent(api, backend, pod=POD, stop=stop, clock=clock).run_forever()
+    assert api.calls == ["get", "metadata", "status", "lease", "get", "metadata", "status"]
+    assert api.node["status"]["capacity"][contract.RESOURCE_GPU] == "0"
+
+
+def test_no_pod_identity_means_no_heartbeat() -> None:
+    api = FakeApi()
+    stop = ScriptedStop(rounds=2, clock=(clock := Clock()))
     make_agent(api, stop=stop, clock=clock).run_forever()
-    assert api.calls.count("status") == 1
-    assert api.calls.count("metadata") == 12  # t = 0, 5m, ..., 55m
-    assert api.calls.count("get") == 60
+    assert "lease" not in api.calls and api.leases == {}
+
+
+def test_a_failed_renewal_backs_off_and_is_retried_without_rereading_the_node() -> None:
+    api = FakeApi()
+    api.lease_fail = [ApiError("forbidden", 403)]
+    clock = Clock()
+    stop = ScriptedStop(rounds=2, clock=clock)
+    agent = make_agent(api, pod=POD, stop=stop, clock=clock)
+    agent.run_forever()
+    assert stop.delays == [2.0, 60.0]
+    assert api.calls == ["get", "metadata", "status", "lease", "lease"]
+    assert agent.ready() == (True, "synced")
 
 
 def test_stop_during_a_write_finishes_the_round_and_exits() -> None:
@@ -436,4 +494,25 @@ def test_gfd_labels_are_left_to_gfd_in_auto_mode() -> None:
     assert labels[contract.LABEL_GPU_PRODUCT] == "Tesla-T4"  # GFD's value stands
     assert contract.LABEL_GPU_COUNT not in labels  # and none of GFD's keys is added
     annotations = api.node["metadata"]["annotations"]
-    assert contract.ANN_HEARTBEAT in annotations and contract.ANN_GPUS in annotations
+    assert contract.ANN_GPUS in annotations
+
+
+def test_kube_api_applies_the_lease_as_sent(apiserver: Any) -> None:
+    """One server-side apply (creates or renews), the body byte for byte as built:
+    renewTime keeps its six fractional digits (a MicroTime), which the client's typed
+    V1Lease would drop."""
+    from agent.heartbeat import lease_object
+
+    server, handler = apiserver
+    api = _kube_api(server)
+    lease = lease_object("gpu-1", POD, T0, 300)
+    api.renew_lease("gpu-scheduler", "gpu-1", lease)
+    sent = handler.requests[-1]
+    assert sent["method"] == "PATCH"
+    assert sent["path"].startswith(
+        "/apis/coordination.k8s.io/v1/namespaces/gpu-scheduler/leases/gpu-1?"
+    )
+    assert "fieldManager=gpu-scheduler-agent" in sent["path"] and "force=true" in sent["path"]
+    assert sent["content_type"] == "application/apply-patch+yaml"
+    assert sent["body"] == lease
+    assert sent["body"]["spec"]["renewTime"] == "2026-11-29T14:00:00.000000Z"

@@ -6,15 +6,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
-import jsonpatch
-
+from agent.heartbeat import PodIdentity, lease_object
 from agent.inventory import FakeBackend
 from agent.labels import Desired, desired_state
-from agent.sync import NodeState, heartbeat_due, plan_sync
-from extender.model import node_facts
+from agent.sync import NodeState, plan_sync
+from extender.model import lease_heartbeat, node_facts
 from extender.policies.heartbeat import HeartbeatPolicy
 from gpu_scheduler import contract
-from gpu_scheduler.timestamps import rfc3339, rfc3339_seconds
+from gpu_scheduler.timestamps import rfc3339_micro, rfc3339_seconds
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gpus"
 NOW = datetime(2026, 11, 29, 14, 0, 0, tzinfo=UTC)
@@ -25,15 +24,11 @@ def desired(name: str = "h100x8.yaml", **kw: bool) -> Desired:
     return desired_state(FakeBackend(FIXTURES / name).read(), **kw)
 
 
-def synced_node(want: Desired, beat: datetime = NOW, **extra: dict[str, str]) -> NodeState:
+def synced_node(want: Desired, **extra: dict[str, str]) -> NodeState:
     return NodeState(
         name="gpu-1",
         labels={"kubernetes.io/hostname": "gpu-1", **want.labels, **extra.get("labels", {})},
-        annotations={
-            **want.annotations,
-            contract.ANN_HEARTBEAT: rfc3339(beat),
-            **extra.get("annotations", {}),
-        },
+        annotations={**want.annotations, **extra.get("annotations", {})},
         capacity={"cpu": "32", **want.capacity},
         resource_version="42",
     )
@@ -41,7 +36,7 @@ def synced_node(want: Desired, beat: datetime = NOW, **extra: dict[str, str]) ->
 
 def test_nothing_changed_means_no_write() -> None:
     want = desired()
-    plan = plan_sync(want, synced_node(want), NOW + timedelta(seconds=BEAT - 1), BEAT)
+    plan = plan_sync(want, synced_node(want))
     assert plan.empty and plan.changed == ()
 
 
@@ -49,19 +44,16 @@ def test_capacity_equal_as_a_quantity_is_unchanged() -> None:
     want = desired()
     node = synced_node(want)
     node.capacity[contract.RESOURCE_GPU] = "8000m"  # type: ignore[index]
-    assert plan_sync(want, node, NOW, BEAT).empty
+    assert plan_sync(want, node).empty
 
 
-def test_first_sync_writes_labels_annotations_heartbeat_and_capacity() -> None:
+def test_first_sync_writes_labels_annotations_and_capacity() -> None:
     want = desired()
     node = NodeState("gpu-1", {"kubernetes.io/hostname": "gpu-1"}, {}, {"cpu": "32"}, "7")
-    plan = plan_sync(want, node, NOW, BEAT)
+    plan = plan_sync(want, node)
     meta = plan.metadata_patch["metadata"]  # type: ignore[index]
     assert meta["labels"] == want.labels
-    assert meta["annotations"] == {
-        **want.annotations,
-        contract.ANN_HEARTBEAT: "2026-11-29T14:00:00Z",
-    }
+    assert meta["annotations"] == want.annotations  # no heartbeat: that is a Lease
     assert meta["resourceVersion"] == "7"  # precondition: a concurrent change answers 409
     assert plan.status_patch == [
         {"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": "8"}
@@ -74,12 +66,12 @@ def test_capacity_add_replace_and_missing_capacity_map() -> None:
     changed = NodeState(
         node.name, node.labels, node.annotations, {"cpu": "32", contract.RESOURCE_GPU: "7"}, "42"
     )
-    assert plan_sync(want, changed, NOW, BEAT).status_patch == [
+    assert plan_sync(want, changed).status_patch == [
         {"op": "test", "path": "/status/capacity/nvidia.com~1gpu", "value": "7"},
         {"op": "replace", "path": "/status/capacity/nvidia.com~1gpu", "value": "8"},
     ]
     bare = NodeState(node.name, node.labels, node.annotations, None, "42")
-    assert plan_sync(want, bare, NOW, BEAT).status_patch == [
+    assert plan_sync(want, bare).status_patch == [
         {"op": "add", "path": "/status/capacity", "value": {"nvidia.com/gpu": "8"}}
     ]
 
@@ -88,7 +80,7 @@ def test_no_capacity_flag_never_touches_capacity() -> None:
     want = desired(manage_capacity=False)
     node = synced_node(desired())
     wrong = NodeState(node.name, node.labels, node.annotations, {contract.RESOURCE_GPU: "3"})
-    plan = plan_sync(want, wrong, NOW, BEAT, manage_capacity=False)
+    plan = plan_sync(want, wrong, manage_capacity=False)
     assert plan.status_patch is None and plan.metadata_patch is None
 
 
@@ -102,7 +94,7 @@ def test_owned_labels_that_no_longer_apply_are_removed_and_foreign_keys_untouche
     foreign_annotations = {"node.alpha.kubernetes.io/ttl": "0", "gpu-scheduler.io/other": "x"}
     node = synced_node(before, labels=foreign_labels, annotations=foreign_annotations)
     after = desired("cpu-none.yaml")
-    plan = plan_sync(after, node, NOW, BEAT)
+    plan = plan_sync(after, node)
     meta = plan.metadata_patch["metadata"]  # type: ignore[index]
     removed = {k for k, v in meta["labels"].items() if v is None}
     assert removed == set(before.labels) - {contract.LABEL_GPU_PRESENT}
@@ -126,54 +118,50 @@ def test_owned_labels_that_no_longer_apply_are_removed_and_foreign_keys_untouche
 def test_one_changed_label_patches_only_that_label() -> None:
     want = desired()
     node = synced_node(want, labels={contract.LABEL_GPU_MEMORY: "40960"})
-    plan = plan_sync(want, node, NOW + timedelta(seconds=10), BEAT)
+    plan = plan_sync(want, node)
     meta = plan.metadata_patch["metadata"]  # type: ignore[index]
     assert meta["labels"] == {contract.LABEL_GPU_MEMORY: "81559"}
-    assert meta["annotations"] == {contract.ANN_HEARTBEAT: "2026-11-29T14:00:10Z"}
+    assert "annotations" not in meta
     assert plan.changed == (contract.LABEL_GPU_MEMORY,)
     assert plan.status_patch is None
 
 
-def test_heartbeat_cadence_with_an_injected_clock() -> None:
-    """A node in a steady state, synced every 60 s for an hour: one write per 5 minutes."""
+def test_the_old_heartbeat_annotation_is_removed_once() -> None:
+    """After an upgrade from the annotation heartbeat: the first sync removes it (an
+    owned key that no longer applies), and then a steady node gets no write at all."""
     want = desired()
-    node = {
-        "metadata": {"name": "gpu-1", "labels": {}, "annotations": {}, "resourceVersion": "1"},
-        "status": {"capacity": {"cpu": "32"}},
+    old = {contract.ANN_LEGACY_HEARTBEAT: "2026-11-29T13:58:00Z"}
+    node = synced_node(want, annotations=old)
+    plan = plan_sync(want, node)
+    assert plan.metadata_patch is not None and plan.status_patch is None
+    assert plan.metadata_patch["metadata"]["annotations"] == {contract.ANN_LEGACY_HEARTBEAT: None}
+    assert plan_sync(want, synced_node(want)).empty
+
+
+POD = PodIdentity("gpu-scheduler", "gpu-scheduler-agent-x7k2p", "5b0c-uid")
+
+
+def test_the_heartbeat_lease_round_trips_through_the_extender() -> None:
+    """What the agent sends is what the extender reads: name = node, the label the
+    extender's watch selects on, renewTime as a MicroTime, the pod as owner."""
+    moment = datetime(2026, 11, 29, 14, 0, 0, 123_456, tzinfo=UTC)
+    lease = lease_object("gpu-1", POD, moment, BEAT)
+    assert lease["metadata"]["name"] == "gpu-1"
+    assert lease["metadata"]["namespace"] == "gpu-scheduler"
+    assert lease["metadata"]["labels"] == {contract.LEASE_LABEL: contract.LEASE_LABEL_VALUE}
+    assert lease["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Pod", "name": POD.name, "uid": POD.uid}
+    ]
+    assert lease["spec"] == {
+        "holderIdentity": "gpu-1",
+        "leaseDurationSeconds": 900,
+        "renewTime": "2026-11-29T14:00:00.123456Z",
     }
-    writes: list[tuple[int, str]] = []
-    for second in range(0, 3600, 60):
-        now = NOW + timedelta(seconds=second)
-        plan = plan_sync(want, NodeState.from_json(node), now, BEAT)
-        if plan.metadata_patch:
-            node["metadata"] = _merge(node["metadata"], plan.metadata_patch["metadata"])
-            writes.append((second, "metadata"))
-        if plan.status_patch:
-            node = jsonpatch.apply_patch(node, plan.status_patch)
-            writes.append((second, "status"))
-    assert writes[:2] == [(0, "metadata"), (0, "status")]
-    assert [s for s, kind in writes if kind == "metadata"] == list(range(0, 3600, 300))
-    assert [s for s, kind in writes if kind == "status"] == [0]
-
-
-def test_heartbeat_due() -> None:
-    beat = rfc3339(NOW)
-    assert heartbeat_due(None, NOW, BEAT)
-    assert heartbeat_due("yesterday", NOW, BEAT)
-    assert heartbeat_due("2026-11-29T14:00:00", NOW, BEAT)  # no zone: unreadable
-    assert not heartbeat_due(beat, NOW + timedelta(seconds=BEAT - 1), BEAT)
-    assert heartbeat_due(beat, NOW + timedelta(seconds=BEAT), BEAT)
-    assert not heartbeat_due(beat, NOW - timedelta(seconds=10), BEAT)  # small skew
-    assert heartbeat_due(beat, NOW - timedelta(hours=1), BEAT)  # clock jumped back
-
-
-def test_heartbeat_round_trips_through_the_extender() -> None:
-    moment = datetime(2026, 11, 29, 14, 0, 0, 999_000, tzinfo=UTC)
-    text = rfc3339(moment)
-    assert text == "2026-11-29T14:00:00Z"
-    assert rfc3339_seconds(text) == NOW.timestamp()
     # Written in another zone, still UTC on the wire.
-    assert rfc3339(NOW.astimezone(ZoneInfo("Asia/Tokyo"))) == text
+    assert rfc3339_micro(moment.astimezone(ZoneInfo("Asia/Tokyo"))) == lease["spec"]["renewTime"]
+    assert lease_heartbeat(lease) == ("gpu-1", moment.timestamp())
+    later = lease_object("gpu-1", POD, moment + timedelta(seconds=300), BEAT)
+    assert lease_heartbeat(later) == ("gpu-1", moment.timestamp() + 300)
 
     want = desired()
     node = synced_node(want)
@@ -183,20 +171,30 @@ def test_heartbeat_round_trips_through_the_extender() -> None:
             "status": {"allocatable": node.capacity},
         }
     )
-    assert facts.heartbeat == NOW.timestamp()
+    assert facts.heartbeat is None  # the Node carries no heartbeat: the Lease does
+    facts.heartbeat = rfc3339_seconds(lease["spec"]["renewTime"])
     assert facts.memory_mib == 81559 and facts.product == "NVIDIA-H100-80GB-HBM3"
-    assert facts.allocatable == 8
 
     from extender.model import PodFacts
     from extender.view import View
 
     pod = PodFacts("default", "train", gpus=1)
     policy = HeartbeatPolicy(window_seconds=900)
-    fresh = View(now=NOW.timestamp() + 600)
+    fresh = View(now=moment.timestamp() + 600)
     assert policy.filter(policy.pre_filter(pod, fresh), facts, fresh) is None  # type: ignore[arg-type]
-    stale = View(now=NOW.timestamp() + 901)
+    stale = View(now=moment.timestamp() + 901)
     failure = policy.filter(policy.pre_filter(pod, stale), facts, stale)  # type: ignore[arg-type]
-    assert failure is not None and contract.ANN_HEARTBEAT in failure.reason
+    assert failure is not None and "Lease" in failure.reason and "901s ago" in failure.reason
+
+
+def test_only_agent_leases_are_heartbeats() -> None:
+    lease = lease_object("gpu-1", POD, NOW, BEAT)
+    assert lease_heartbeat({**lease, "metadata": {"name": "gpu-1"}}) is None  # no label
+    other = {**lease["metadata"], "labels": {contract.LEASE_LABEL: "someone-else"}}
+    assert lease_heartbeat({**lease, "metadata": other}) is None
+    assert lease_heartbeat({**lease, "spec": {}}) == ("gpu-1", None)  # not renewed yet
+    for junk in (None, [], "lease", {"metadata": []}, {"metadata": {"name": 7}}):
+        assert lease_heartbeat(junk) is None
 
 
 def _merge(target: dict, patch: dict) -> dict:

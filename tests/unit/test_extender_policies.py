@@ -6,12 +6,12 @@ import pytest
 
 from extender.config import ConfigError, ExtenderConfig, config_from_mapping
 from extender.engine import UNKNOWN_NODE, filter_nodes, score_nodes
-from extender.model import NodeFacts, node_facts, pod_facts
+from extender.model import NodeFacts, lease_heartbeat, node_facts, pod_facts
 from extender.policies import build_policies
 from extender.view import View as ClusterView
 from gpu_scheduler import contract
 from gpu_scheduler.fields import FieldError
-from tests.factories import make_node, make_pod
+from tests.factories import make_lease, make_node, make_pod
 
 CFG = ExtenderConfig()
 POLICIES = build_policies(CFG)
@@ -226,26 +226,41 @@ def test_group_is_drawn_to_its_zone():
 
 
 # --- heartbeat ---------------------------------------------------------------------
-def test_silent_agent_gets_no_gpu_pods_but_gfd_nodes_are_trusted():
-    fresh = "2027-01-15T07:55:00Z"  # NOW - 5 minutes
-    stale = "2027-01-15T07:00:00Z"  # NOW - 1 hour
-    assert node_facts(make_node("x", heartbeat=fresh)).heartbeat == NOW - 300
-    nodes = facts(
-        make_node("fresh", 8, heartbeat=fresh, **H100),
-        make_node("stale", 8, heartbeat=stale, **H100),
-        make_node("gfd", 8, **H100),
+def beating(facts: NodeFacts, renewed: str) -> NodeFacts:
+    """The facts as the cluster cache gives them with the node's heartbeat Lease."""
+    (name, beat) = lease_heartbeat(make_lease(facts.name, renewed))  # type: ignore[misc]
+    assert name == facts.name
+    facts.heartbeat = beat
+    return facts
+
+
+def test_silent_agent_gets_no_gpu_pods_but_unmanaged_nodes_are_trusted():
+    fresh = "2027-01-15T07:55:00.000000Z"  # NOW - 5 minutes
+    stale = "2027-01-15T07:00:00.000000Z"  # NOW - 1 hour
+    fresh_node, stale_node, gfd_node = facts(
+        make_node("fresh", 8, **H100), make_node("stale", 8, **H100), make_node("gfd", 8, **H100)
     )
+    nodes = [beating(fresh_node, fresh), beating(stale_node, stale), gfd_node]
+    assert nodes[0].heartbeat == NOW - 300
     out = run_filter(make_pod(), nodes)
-    assert out.passed == ["fresh", "gfd"]
+    assert out.passed == ["fresh", "gfd"]  # no Lease: not agent-managed, never refused
     # unresolvable: preemption must not evict pods for a node that keeps being refused
     assert "agent on this node is silent" in out.unresolvable["stale"]
     assert "3600s ago (window 900s)" in out.unresolvable["stale"]
     assert run_filter(make_pod(gpus=0), nodes).passed == ["fresh", "stale", "gfd"]
 
 
+def test_the_old_heartbeat_annotation_is_not_read():
+    """Left on a node by an agent that is gone (or not yet upgraded), it never refuses."""
+    node = make_node("old", 8, **H100)
+    node["metadata"]["annotations"][contract.ANN_LEGACY_HEARTBEAT] = "2020-01-01T00:00:00Z"
+    assert node_facts(node).heartbeat is None
+    assert run_filter(make_pod(), facts(node)).passed == ["old"]
+
+
 def test_heartbeat_can_be_disabled():
     cfg = config_from_mapping({"disabled": ["heartbeat"]})
-    nodes = facts(make_node("stale", 8, heartbeat="2020-01-01T00:00:00Z", **H100))
+    nodes = [beating(facts(make_node("stale", 8, **H100))[0], "2020-01-01T00:00:00Z")]
     out = filter_nodes(pod_facts(make_pod()), ["stale"], nodes, View(), build_policies(cfg))
     assert out.passed == ["stale"]
 
@@ -307,7 +322,6 @@ def test_node_facts_without_a_name_raise():
     ("change", "field"),
     [
         (lambda n: n["metadata"].update(labels=["a"]), "metadata.labels: must be an object"),
-        (lambda n: n["metadata"].update(annotations=7), "metadata.annotations: must be an"),
         (lambda n: n.update(status=[]), "status: must be an object, not an array"),
         (lambda n: n["status"].update(allocatable=[1]), "status.allocatable: must be an object"),
         (
@@ -325,10 +339,6 @@ def test_node_facts_without_a_name_raise():
         (
             lambda n: n["metadata"]["labels"].update({contract.LABEL_ZONE: ["z"]}),
             'metadata.labels["topology.kubernetes.io/zone"]',
-        ),
-        (
-            lambda n: n["metadata"]["annotations"].update({contract.ANN_HEARTBEAT: {}}),
-            "gpu-scheduler.io/agent-heartbeat",
         ),
     ],
 )

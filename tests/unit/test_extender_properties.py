@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from extender.app import create_app
 from extender.cache import ClusterCache, pod_record
 from gpu_scheduler import contract
-from tests.factories import make_node, make_pod
+from tests.factories import make_lease, make_node, make_pod
 from tests.fakeapi import synced_cache
 
 PRODUCTS = ["NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB", "NVIDIA-L4", None]
@@ -30,11 +30,21 @@ def nodes(draw):
                 memory_mib=MEMORY.get(product) if draw(st.booleans()) else None,
                 capacity_type=draw(st.sampled_from([None, "SPOT", "ON_DEMAND"])),
                 zone=draw(st.sampled_from([None, "a", "b"])),
-                heartbeat=draw(
-                    st.sampled_from([None, "2027-01-15T07:59:00Z", "2020-01-01T00:00:00Z"])
-                ),
             )
         )
+    return out
+
+
+@st.composite
+def leases(draw, node_names):
+    """The agents' heartbeat Leases: none (not agent-managed), fresh, stale, or not
+    renewed yet, per node; and one for a node that does not exist."""
+    renewed = st.sampled_from(["none", None, "2027-01-15T07:59:00.000000Z", "2020-01-01T00:00:00Z"])
+    out = []
+    for name in [*node_names, "gone"]:
+        when = draw(renewed)
+        if when != "none":
+            out.append(make_lease(name, when))
     return out
 
 
@@ -121,6 +131,7 @@ def test_args_mode_accounts_for_every_node(nodes, pod):
 def test_cluster_mode_accounts_for_every_node(data, nodes, pod, unknown):
     names = [n["metadata"]["name"] for n in nodes]
     cache = synced_cache(nodes, data.draw(running_pods(names)), clock=lambda: 1_800_000_000.0)
+    cache.replace_leases(data.draw(leases(names)))
     client = create_app(node_source="cluster", cache=cache).test_client()
     asked = names + [f"ghost{i}" for i in range(unknown)]
     body = {"Pod": pod, "Nodes": None, "NodeNames": asked}
@@ -254,8 +265,9 @@ def test_suspects_cover_every_node_that_filter_fails(data, nodes, pod):
     cache = ClusterCache(clock=lambda: 1_800_000_000.0)
     cache.replace_nodes(nodes)
     cache.replace_pods(data.draw(running_pods(names)))
+    cache.replace_leases(data.draw(leases(names)))
     view = cache.view()
-    facts = [node_facts(n) for n in nodes]
+    facts = [view.nodes[node_facts(n).name] for n in nodes]
     pod_state = pod_facts(pod)
     for policy in build_policies(ExtenderConfig()):
         state = policy.pre_filter(pod_state, view)

@@ -7,7 +7,7 @@ from extender.status import COLUMNS, inventory_rows
 from gpu_scheduler import contract
 from gpu_scheduler.table import render_table
 from lab.demo import NODES, inventory, pod_manifest, why
-from tests.factories import make_node, make_pod
+from tests.factories import make_lease, make_node, make_pod
 from tests.unit.test_dra import claim, device_class, gpu_device, resource_slice
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
@@ -21,7 +21,7 @@ def test_inventory_rows_for_whole_shared_mig_and_dra_nodes():
         [
             make_node(
                 "b", 8, product="NVIDIA-H100-80GB-HBM3", memory_mib=81559, zone="z",
-                capacity_type="SPOT", heartbeat="2027-01-15T07:59:00Z",
+                capacity_type="SPOT",
             ),
             make_node("a"),
             shared,
@@ -29,6 +29,7 @@ def test_inventory_rows_for_whole_shared_mig_and_dra_nodes():
             make_node("dra"),
         ]
     )
+    cache.replace_leases([make_lease("b", "2027-01-15T07:59:00.000000Z")])
     cache.replace_device_classes([device_class()])
     cache.replace_slices([resource_slice("dra", [gpu_device(i, "NVIDIA L4", 23034)
                                                   for i in range(4)])])
