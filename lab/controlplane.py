@@ -265,7 +265,9 @@ class LocalCluster:
     def start_scheduler(self, name: str, config: Mapping[str, Any]) -> Process:
         """A kube-scheduler with this KubeSchedulerConfiguration (v1), leader election off."""
         cfg = dict(config)
-        cfg["clientConnection"] = {"kubeconfig": str(self.kubeconfig)}
+        # The lab's kubeconfig; a qps/burst the config sets (benchmarks) is kept.
+        connection = {**cfg.get("clientConnection", {}), "kubeconfig": str(self.kubeconfig)}
+        cfg["clientConnection"] = connection
         cfg["leaderElection"] = {"leaderElect": False}
         path = self.workdir / f"{name}.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))

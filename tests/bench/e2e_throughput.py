@@ -1,14 +1,22 @@
-"""The real kube-scheduler placing GPU pods, with and without our extender, in one run.
+"""The real kube-scheduler placing GPU pods: no extender, a bare echo extender, ours
+(filter + prioritize) and ours prioritize-only, in one run on one control plane.
 
-    .venv/bin/python tests/bench/e2e_throughput.py [--pods 1000] [--nodes 500]
+    .venv/bin/python tests/bench/e2e_throughput.py [--pods 1000] [--nodes 500] [--qps 2000]
 
-One control plane, our extender (cluster mode), and two node sets of ``--nodes`` GPU
-nodes each. For each variant the pods are created first, for a scheduler that is not
-running yet; then that kube-scheduler starts and we time the bindings (first to last,
-so informer start-up is not counted):
-  - without: deploy/'s gpu-scheduler profile with the extender removed,
-  - with:    deploy/'s gpu-scheduler profile as shipped (extender at 127.0.0.1).
-Prints pods/s both ways and the ratio (target: with >= 0.8 x without).
+One control plane, our extender (cluster mode, one worker, as deploy/ runs it) and a
+bare echo extender (Flask + gunicorn + orjson: every node passes, every score 0; the
+protocol's floor), and ``--nodes`` GPU nodes (8 GPUs each). For each variant the pods
+are created first, for a scheduler that is not running yet; then that kube-scheduler
+starts and we time the bindings (first to last, so informer start-up is not counted);
+then the pods are deleted and our extender's cache is seen empty before the next:
+  - without:    deploy/'s gpu-scheduler profile with the extender removed;
+  - bare:       the same profile with the bare echo extender (filter + prioritize);
+  - ours:       deploy/'s profile as shipped (filter + prioritize);
+  - ours-prio:  deploy/'s profile with only the prioritize verb.
+kube-scheduler's client rate limit (``clientConnection.qps``/``burst``, 50/100 by
+default) caps a scheduler at about 50 bindings a second whatever the extender does, so
+it is raised to ``--qps`` in every variant (``--qps 0`` keeps deploy/'s value).
+Prints pods/s per variant and the ratios to bare and to without.
 """
 
 from __future__ import annotations
@@ -20,38 +28,42 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from gpu_scheduler import contract  # noqa: E402
 from lab.kubelet_shim import node_object  # noqa: E402
+from lab.processes import free_port  # noqa: E402
 from lab.stack import bare_stack, scheduler_config  # noqa: E402
+from tests.bench.extender_bench import BARE_APP  # noqa: E402
+from tests.bench.trace_replay import NAMESPACE, clear_pods  # noqa: E402
+from tests.helpers import running  # noqa: E402
 
-SET_LABEL = "bench.gpu-scheduler.io/set"
 TAINT = {"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}
+VARIANTS = ("without", "bare", "ours", "ours-prio")
+SIZES = [1, 1, 2, 4, 1, 2, 8, 1]
 
 
-def gpu_node(name: str, variant: str) -> dict:
+def gpu_node(name: str) -> dict[str, Any]:
     labels = {
-        SET_LABEL: variant,
         contract.LABEL_GPU_PRESENT: "true",
         contract.LABEL_GPU_COUNT: "8",
         contract.LABEL_GPU_PRODUCT: "NVIDIA-H100-80GB-HBM3",
         contract.LABEL_GPU_MEMORY: "81559",
-        contract.LABEL_ZONE: f"zone-{hash(name) % 3}",
+        contract.LABEL_ZONE: f"zone-{sum(map(ord, name)) % 3}",
     }
     return node_object(name, labels=labels, gpus=8, cpu="192", memory="2Ti", taints=[TAINT])
 
 
-def gpu_pod(name: str, variant: str, gpus: int) -> dict:
+def gpu_pod(name: str, variant: str, gpus: int) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": {"bench": variant}},
         "spec": {
             "schedulerName": f"bench-{variant}",
-            "nodeSelector": {SET_LABEL: variant},
             "tolerations": [
                 {"key": contract.RESOURCE_GPU, "operator": "Exists", "effect": "NoSchedule"}
             ],
@@ -70,7 +82,22 @@ def gpu_pod(name: str, variant: str, gpus: int) -> dict:
     }
 
 
-def measure(core, cluster, variant: str, config: dict, pods: int) -> tuple[float, int]:
+def variant_config(variant: str, ours: str, bare: str, qps: int) -> dict[str, Any]:
+    """deploy/'s KubeSchedulerConfiguration for one variant, its profile named
+    ``bench-<variant>``, the client rate limit raised to ``qps`` (burst the same)."""
+    cfg = scheduler_config(bare if variant == "bare" else ours, profile=f"bench-{variant}")
+    if variant == "without":
+        cfg.pop("extenders")
+    elif variant == "ours-prio":
+        for extender in cfg["extenders"]:
+            extender.pop("filterVerb")
+    if qps:
+        cfg["clientConnection"] = {"qps": qps, "burst": qps}
+    return copy.deepcopy(cfg)
+
+
+def measure(core: Any, cluster: Any, variant: str, config: dict[str, Any], pods: int) -> float:
+    """Bindings per second, first to last, of ``pods`` pods made for ``variant``."""
     from gpu_scheduler.kube import watch_events
 
     bound: list[float] = []
@@ -79,9 +106,9 @@ def measure(core, cluster, variant: str, config: dict, pods: int) -> tuple[float
     def watcher() -> None:
         seen = set()
         for _, obj in watch_events(
-            lambda **kw: core.list_namespaced_pod("default", **kw),
+            lambda **kw: core.list_namespaced_pod(NAMESPACE, **kw),
             timeout_seconds=600,
-            field_selector=f"spec.schedulerName=bench-{variant}",
+            label_selector=f"bench={variant}",
         ):
             if obj["spec"].get("nodeName") and obj["metadata"]["name"] not in seen:
                 seen.add(obj["metadata"]["name"])
@@ -94,60 +121,93 @@ def measure(core, cluster, variant: str, config: dict, pods: int) -> tuple[float
     thread.start()
     time.sleep(1)
     proc = cluster.start_scheduler(f"scheduler-{variant}", config)
-    done.wait(600)
+    done.wait(900)
     cluster.stop_process(proc.name)
-    if len(bound) < 2:
-        raise RuntimeError(f"{variant}: only {len(bound)} pods bound")
-    return (len(bound) - 1) / (bound[-1] - bound[0]), len(bound)
+    if len(bound) < pods:
+        raise RuntimeError(f"{variant}: only {len(bound)} of {pods} pods bound")
+    return (len(bound) - 1) / (bound[-1] - bound[0])
 
 
-def main() -> int:
+def wait_answering(url: str, timeout: float) -> None:
+    """Until something answers HTTP at ``url`` (any status)."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def table(results: dict[str, float], nodes: int, pods: int, qps: int) -> str:
+    rows = [
+        f"{pods} GPU pods over {nodes} nodes (8 GPUs each), client qps/burst "
+        f"{qps or 'as deploy/'}",
+        "",
+        "| variant | pods/s | ÷ bare | ÷ without |",
+        "|---|---:|---:|---:|",
+    ]
+    for variant, rate in results.items():
+        bare = results.get("bare")
+        rows.append(
+            f"| {variant} | {rate:.1f} | {rate / bare:.2f} | "
+            f"{rate / results['without']:.2f} |"
+            if bare and "without" in results
+            else f"| {variant} | {rate:.1f} | | |"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--nodes", type=int, default=500)
-    opts = parser.parse_args()
+    parser.add_argument("--qps", type=int, default=2000, help="kube-scheduler client qps=burst")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    opts = parser.parse_args(argv)
+    variants = [v for v in opts.variants.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants: {sorted(unknown)}")
 
     with bare_stack("e2e-throughput-") as (stack, core):
-        cluster = stack.cluster
+        cluster, work = stack.cluster, stack.workdir
+        started = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda i: core.create_node(gpu_node(f"n-{i:05d}")), range(opts.nodes)))
+        print(f"created {opts.nodes} nodes in {time.monotonic() - started:.0f} s", flush=True)
         stack.start_extender()
-        variants = ("without", "with")
-        with ThreadPoolExecutor(8) as pool:
-            list(
-                pool.map(
-                    lambda args: core.create_node(gpu_node(*args)),
-                    [(f"{v}-{i:04d}", v) for v in variants for i in range(opts.nodes)],
-                )
-            )
-            sizes = [1, 1, 2, 4, 1, 2, 8, 1]
-            list(
-                pool.map(
-                    lambda args: core.create_namespaced_pod("default", gpu_pod(*args)),
-                    [
-                        (f"{v}-{i:05d}", v, sizes[i % len(sizes)])
-                        for v in variants
-                        for i in range(opts.pods)
-                    ],
-                )
-            )
-        print(f"created {2 * opts.nodes} nodes and {2 * opts.pods} pods", flush=True)
-        with_ext = scheduler_config(f"http://127.0.0.1:{stack.extender_port}")
-        without_ext = copy.deepcopy(with_ext)
-        without_ext.pop("extenders")
-        results = {}
-        for variant, cfg in (("without", without_ext), ("with", with_ext)):
-            cfg = copy.deepcopy(cfg)
-            cfg["profiles"][0]["schedulerName"] = f"bench-{variant}"
-            results[variant] = measure(core, cluster, variant, cfg, opts.pods)
-            print(f"  {variant}: {results[variant][0]:.1f} pods/s", flush=True)
-
-    ratio = results["with"][0] / results["without"][0]
+        (work / "bare.py").write_text(BARE_APP)
+        bare_port = free_port()
+        bare_cmd = [sys.executable, "-m", "gunicorn", "--workers=1", "--threads=4"]
+        bare_cmd += [f"--bind=127.0.0.1:{bare_port}", "--chdir", str(work), "bare:app"]
+        ours = f"http://127.0.0.1:{stack.extender_port}"
+        results: dict[str, float] = {}
+        with running(bare_cmd, work / "bare.log"):
+            wait_answering(f"http://127.0.0.1:{bare_port}/", 30)
+            for variant in variants:
+                config = variant_config(variant, ours, f"http://127.0.0.1:{bare_port}", opts.qps)
+                with ThreadPoolExecutor(16) as pool:
+                    list(
+                        pool.map(
+                            lambda i, v=variant: core.create_namespaced_pod(
+                                NAMESPACE, gpu_pod(f"{v}-{i:05d}", v, SIZES[i % len(SIZES)])
+                            ),
+                            range(opts.pods),
+                        )
+                    )
+                results[variant] = measure(core, cluster, variant, config, opts.pods)
+                print(f"  {variant}: {results[variant]:.1f} pods/s", flush=True)
+                clear_pods(core, stack.extender_port)
     print()
-    print(f"kube-scheduler v1.37.2, {opts.pods} GPU pods over {opts.nodes} nodes (8 GPUs each)")
-    print("| variant | pods bound | pods/s |")
-    print("|---|---:|---:|")
-    for variant, (rate, count) in results.items():
-        print(f"| gpu-scheduler profile, {variant} extender | {count} | {rate:.1f} |")
-    print(f"| ratio with/without | | {ratio:.2f} |")
+    print(table(results, opts.nodes, opts.pods, opts.qps))
     return 0
 
 
