@@ -212,6 +212,10 @@ def test_heartbeat_guard(faults):
         assert not core(faults).read_namespaced_pod(pinned, "default").spec.node_name
         for name in nodes:
             put_lease(faults, name, old)
+        # A Lease is not an event kube-scheduler watches (it would retry the pod within
+        # 5 minutes anyway); a change to the pod's node is one.
+        time.sleep(1)  # the extender's Lease watch has seen them
+        core(faults).patch_node(silent, {"metadata": {"labels": {"e2e-touched": "1"}}})
         assert wait_bound(faults, pinned, timeout=60) == silent
         assert s.metric("gpu_scheduler_extender_heartbeat_guard_tripped") == 1
         assert "heartbeat guard tripped" in s.extender.log_path.read_text()
