@@ -122,8 +122,7 @@ class View:
         return bisect.bisect_left(self.beats, oldest), len(self.beats)
 
     def lookup(self, names: Sequence[str]) -> list[NodeFacts | None]:
-        get = self.nodes.get
-        return [get(name) for name in names]
+        return list(map(self.nodes.get, names))
 
 
 def args_view() -> View:

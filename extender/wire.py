@@ -71,8 +71,9 @@ def parse_args(payload: Any) -> ExtenderArgs:
             raise BadInput(
                 f"ExtenderArgs.NodeNames must be an array, not {type_name(names_field)}"
             )
-        for i, name in enumerate(names_field):
-            _node_name(name, f"ExtenderArgs.NodeNames[{i}]")
+        if not _all_node_names(names_field):  # the common case checked in C; else say where
+            for i, name in enumerate(names_field):
+                _node_name(name, f"ExtenderArgs.NodeNames[{i}]")
         _unique(names_field, "ExtenderArgs.NodeNames")
         return ExtenderArgs(pod, None, names_field)
     raise BadInput("ExtenderArgs carries neither Nodes nor NodeNames")
@@ -86,6 +87,17 @@ def _unique(names: list[str], path: str) -> None:
             if name in seen:
                 raise BadInput(f"{path}[{i}] repeats the node name {clip(name, 80)}")
             seen.add(name)
+
+
+def _all_node_names(names: list[Any]) -> bool:
+    """Every element a string of 1..MAX_NAME characters (builtins only: at 500
+    candidates a per-name Python call was an eighth of a filter call)."""
+    if not names:
+        return True
+    if not all(map(str.__instancecheck__, names)):
+        return False
+    lengths = list(map(len, names))
+    return min(lengths) > 0 and max(lengths) <= MAX_NAME
 
 
 def _node_name(name: Any, path: str) -> str:
