@@ -229,7 +229,7 @@ def pod_object(index: int, node: str, namespace: str | None = None) -> dict[str,
 def gpu_node(index: int) -> dict[str, Any]:
     from tests.bench.e2e_throughput import gpu_node as throughput_node
 
-    return throughput_node(node_name(index), "scale")
+    return throughput_node(node_name(index))
 
 
 def pod_body(pod: dict[str, Any]) -> bytes:
