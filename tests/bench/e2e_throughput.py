@@ -105,11 +105,13 @@ def measure(core: Any, cluster: Any, variant: str, config: dict[str, Any], pods:
 
     def watcher() -> None:
         seen = set()
-        for _, obj in watch_events(
+        for kind, obj in watch_events(
             lambda **kw: core.list_namespaced_pod(NAMESPACE, **kw),
-            timeout_seconds=600,
+            timeout_seconds=900,
             label_selector=f"bench={variant}",
         ):
+            if kind == "BOOKMARK":  # a resourceVersion only, no pod
+                continue
             if obj["spec"].get("nodeName") and obj["metadata"]["name"] not in seen:
                 seen.add(obj["metadata"]["name"])
                 bound.append(time.monotonic())
