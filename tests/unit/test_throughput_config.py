@@ -3,7 +3,7 @@ where it says (the extender, its verbs, the client rate limit)."""
 
 from __future__ import annotations
 
-from tests.bench.e2e_throughput import variant_config
+from tests.bench.e2e_throughput import binding_times, variant_config
 
 OURS, BARE = "http://127.0.0.1:1", "http://127.0.0.1:2"
 
@@ -27,3 +27,20 @@ def test_each_variant_changes_only_its_part():
     assert without["profiles"][0]["pluginConfig"] == ours["profiles"][0]["pluginConfig"]
 
     assert "clientConnection" not in variant_config("ours", OURS, BARE, 0)
+
+
+def test_binding_times_come_from_kube_schedulers_own_log():
+    log = "\n".join(
+        [
+            'I1201 18:53:23.780232   25062 schedule_one.go:483] "Successfully bound pod to '
+            'node" pod="default/a" node="n-1" evaluatedNodes=1 feasibleNodes=1',
+            'E1201 18:53:23.900000   25062 something else "Successfully bound pod to node"',
+            'I1201 18:53:24.280232   25062 schedule_one.go:483] "Successfully bound pod to '
+            'node" pod="default/b" node="n-2" evaluatedNodes=1 feasibleNodes=1',
+            "I1201 18:53:25.000000   25062 other.go:1] unrelated",
+        ]
+    )
+    times = binding_times(log)
+    assert len(times) == 2
+    assert abs(times[1] - times[0] - 0.5) < 1e-6
+    assert abs(times[0] - (18 * 3600 + 53 * 60 + 23.780232)) < 1e-6
