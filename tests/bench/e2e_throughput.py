@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import re
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -149,8 +150,7 @@ def wait_answering(url: str, timeout: float) -> None:
 
 def table(results: dict[str, float], nodes: int, pods: int, qps: int) -> str:
     rows = [
-        f"{pods} GPU pods over {nodes} nodes (8 GPUs each), client qps/burst "
-        f"{qps or 'as deploy/'}",
+        f"{pods} GPU pods over {nodes} nodes (8 GPUs each), client qps/burst {qps or 'as deploy/'}",
         "",
         "| variant | pods/s | ÷ bare | ÷ without |",
         "|---|---:|---:|---:|",
@@ -158,8 +158,7 @@ def table(results: dict[str, float], nodes: int, pods: int, qps: int) -> str:
     for variant, rate in results.items():
         bare = results.get("bare")
         rows.append(
-            f"| {variant} | {rate:.1f} | {rate / bare:.2f} | "
-            f"{rate / results['without']:.2f} |"
+            f"| {variant} | {rate:.1f} | {rate / bare:.2f} | {rate / results['without']:.2f} |"
             if bare and "without" in results
             else f"| {variant} | {rate:.1f} | | |"
         )
@@ -172,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--qps", type=int, default=2000, help="kube-scheduler client qps=burst")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run the variants this many times, interleaved"
+    )
     opts = parser.parse_args(argv)
     variants = [v for v in opts.variants.split(",") if v]
     unknown = set(variants) - set(VARIANTS)
@@ -190,10 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         bare_cmd = [sys.executable, "-m", "gunicorn", "--workers=1", "--threads=4"]
         bare_cmd += [f"--bind=127.0.0.1:{bare_port}", "--chdir", str(work), "bare:app"]
         ours = f"http://127.0.0.1:{stack.extender_port}"
-        results: dict[str, float] = {}
+        runs: dict[str, list[float]] = {v: [] for v in variants}
         with running(bare_cmd, work / "bare.log"):
             wait_answering(f"http://127.0.0.1:{bare_port}/", 30)
-            for variant in variants:
+            for round_, variant in ((r, v) for r in range(opts.rounds) for v in variants):
                 config = variant_config(variant, ours, f"http://127.0.0.1:{bare_port}", opts.qps)
                 with ThreadPoolExecutor(16) as pool:
                     list(
@@ -204,11 +206,20 @@ def main(argv: list[str] | None = None) -> int:
                             range(opts.pods),
                         )
                     )
-                results[variant] = measure(cluster, variant, config, opts.pods)
-                print(f"  {variant}: {results[variant]:.1f} pods/s", flush=True)
+                name = f"{variant}-{round_}"
+                runs[variant].append(measure(cluster, name, config, opts.pods))
+                print(
+                    f"  {variant} (round {round_ + 1}): {runs[variant][-1]:.1f} pods/s", flush=True
+                )
                 clear_pods(core, stack.extender_port)
+    results = {v: statistics.median(rates) for v, rates in runs.items()}
     print()
     print(table(results, opts.nodes, opts.pods, opts.qps))
+    if opts.rounds > 1:
+        print(
+            "\nevery round (pods/s): "
+            + "; ".join(f"{v} {', '.join(f'{r:.1f}' for r in rates)}" for v, rates in runs.items())
+        )
     return 0
 
 
