@@ -4,8 +4,9 @@
     .venv/bin/python tests/bench/e2e_throughput.py [--pods 1000] [--nodes 500] [--qps 2000]
 
 One control plane, our extender (cluster mode, one worker, as deploy/ runs it) and a
-bare echo extender (Flask + gunicorn + orjson: every node passes, every score 0; the
-protocol's floor), and ``--nodes`` GPU nodes (8 GPUs each). For each variant the pods
+bare echo extender (the same Flask app shape, served by the same gunicorn worker and
+settings as ours, orjson both ways: every node passes, every score 0; the protocol's
+floor on our server), and ``--nodes`` GPU nodes (8 GPUs each). For each variant the pods
 are created first, for a scheduler that is not running yet; then that kube-scheduler
 starts and we time the bindings (first to last, so informer start-up is not counted);
 then the pods are deleted and our extender's cache is seen empty before the next:
@@ -42,6 +43,17 @@ from tests.bench.extender_bench import BARE_APP  # noqa: E402
 from tests.bench.trace_replay import NAMESPACE, clear_pods  # noqa: E402
 from tests.helpers import running  # noqa: E402
 
+# The bare echo app under the extender's own server (gpu_scheduler.serving: our
+# gunicorn worker, one worker, four threads, the same body limit), so the floor and
+# ours differ only in the decision.
+BARE_ON_OUR_SERVER = """
+if __name__ == "__main__":
+    import sys
+    from extender.config import ExtenderConfig
+    from gpu_scheduler.serving import serve
+    serve(lambda: app, host="127.0.0.1", port=int(sys.argv[1]), workers=1, threads=4,
+          max_body=ExtenderConfig().max_body_bytes)
+"""
 TAINT = {"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}
 VARIANTS = ("without", "bare", "ours", "ours-prio")
 SIZES = [1, 1, 2, 4, 1, 2, 8, 1]
@@ -187,13 +199,12 @@ def main(argv: list[str] | None = None) -> int:
             list(pool.map(lambda i: core.create_node(gpu_node(f"n-{i:05d}")), range(opts.nodes)))
         print(f"created {opts.nodes} nodes in {time.monotonic() - started:.0f} s", flush=True)
         stack.start_extender()
-        (work / "bare.py").write_text(BARE_APP)
+        (work / "bare.py").write_text(BARE_APP + BARE_ON_OUR_SERVER)
         bare_port = free_port()
-        bare_cmd = [sys.executable, "-m", "gunicorn", "--workers=1", "--threads=4"]
-        bare_cmd += [f"--bind=127.0.0.1:{bare_port}", "--chdir", str(work), "bare:app"]
+        bare_cmd = [sys.executable, str(work / "bare.py"), str(bare_port)]
         ours = f"http://127.0.0.1:{stack.extender_port}"
         runs: dict[str, list[float]] = {v: [] for v in variants}
-        with running(bare_cmd, work / "bare.log"):
+        with running(bare_cmd, work / "bare.log", env={"PYTHONPATH": str(ROOT)}):
             wait_answering(f"http://127.0.0.1:{bare_port}/", 30)
             for round_, variant in ((r, v) for r in range(opts.rounds) for v in variants):
                 config = variant_config(variant, ours, f"http://127.0.0.1:{bare_port}", opts.qps)
