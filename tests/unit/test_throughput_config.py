@@ -26,7 +26,8 @@ def test_each_variant_changes_only_its_part():
     assert "extenders" not in without
     assert without["profiles"][0]["pluginConfig"] == ours["profiles"][0]["pluginConfig"]
 
-    assert "clientConnection" not in variant_config("ours", OURS, BARE, 0)
+    # 0: deploy/'s own limit
+    assert variant_config("ours", OURS, BARE, 0)["clientConnection"] == {"qps": 200, "burst": 400}
 
 
 def test_binding_times_come_from_kube_schedulers_own_log():

@@ -2,6 +2,9 @@
 {{- define "gpu-scheduler.schedulerConfig" -}}
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
+clientConnection:
+  qps: 200
+  burst: 400
 leaderElection:
   leaderElect: true
   resourceName: gpu-scheduler
