@@ -125,6 +125,9 @@ class ClusterCache:
         # a node whose GPUs a DRA driver publishes, its devices of the GPU class.
         self._base: dict[str, NodeFacts] = {}
         self._nodes: dict[str, NodeFacts] = {}
+        # The nodes whose facts come from DRA (their GPUs in use are the claims'): kept
+        # as a set so a view or a claim change visits them, not all 5,000 nodes.
+        self._dra_nodes: set[str] = set()
         self._dra = DraIndex()
         # Node name -> its agent's last Lease renewal (None: a Lease not renewed yet).
         self._leases: dict[str, float | None] = {}
@@ -180,9 +183,8 @@ class ClusterCache:
             free = MappingProxyType(dict(self._free))
             mix = workload_mix(self._shapes)
             counted = dict(self._used)
-            for name, facts in self._nodes.items():
-                if facts.dra:
-                    counted[name] = self._gpus_used(name, facts)
+            for name in self._dra_nodes:
+                counted[name] = self._dra.used(name)
             used = MappingProxyType(counted)
             groups = MappingProxyType({k: dict(v) for k, v in self._groups.items()})
             pods = len(self._pods)
@@ -240,7 +242,7 @@ class ClusterCache:
             return False, f"waiting for the first list of {', '.join(missing) or 'anything'}"
         age = self.age() or 0.0
         summary = f"{len(self._nodes)} nodes, {len(self._pods)} pods cached"
-        dra_nodes = sum(1 for facts in self._nodes.values() if facts.dra)
+        dra_nodes = len(self._dra_nodes)
         if dra_nodes:
             summary += f", {dra_nodes} with DRA GPUs ({self._dra.device_class})"
         if "leases" in self.reflectors:
@@ -287,6 +289,10 @@ class ClusterCache:
         new = self._merged(name)
         if new is not None:
             self._nodes[name] = new
+        if new is not None and new.dra:
+            self._dra_nodes.add(name)
+        else:
+            self._dra_nodes.discard(name)
         for facts, sign in ((old, -1), (new, 1)):
             if facts is not None and facts.model and facts.allocatable:
                 left = self._capacity.get(facts.model, 0) + sign * facts.allocatable
@@ -325,6 +331,7 @@ class ClusterCache:
             fresh[facts.name] = facts
         with self._lock:
             self._base, self._nodes, self._capacity, self._free = fresh, {}, {}, {}
+            self._dra_nodes = set()
             for name in fresh:
                 self._set_facts(name)
             self._node_version += 1
@@ -361,9 +368,8 @@ class ClusterCache:
             self._node_version += 1
         if usage:
             self._pod_version += 1
-            for name, facts in self._nodes.items():
-                if facts.dra:  # claims hold these nodes' devices
-                    self._refresh_free(name)
+            for name in self._dra_nodes:  # claims hold these nodes' devices
+                self._refresh_free(name)
         for kind, count in self._dra.counts().items():
             metrics.CACHE_OBJECTS.labels(kind).set(count)
         slices = self.reflectors.get("resourceslices")
