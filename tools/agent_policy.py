@@ -55,24 +55,14 @@ spec:
         apiVersions: ["*"]
         operations: [UPDATE]
         resources: [nodes, nodes/status]
-  matchConditions:
-    - name: is-the-agent
-      expression: >-
-        request.userInfo.username ==
-        '{user}'
-  variables:
+{match_agent}  variables:
     - name: ownedLabels
       expression: >-
         [{owned_labels}]
     - name: ownedAnnotations
       expression: >-
         [{owned_annotations}]
-    - name: nodeName
-      expression: >-
-        'authentication.kubernetes.io/node-name' in request.userInfo.extra &&
-        size(request.userInfo.extra['authentication.kubernetes.io/node-name']) == 1
-        ? request.userInfo.extra['authentication.kubernetes.io/node-name'][0] : ''
-    - name: newLabels
+{node_name}    - name: newLabels
       expression: "has(object.metadata.labels) ? object.metadata.labels : {{}}"
     - name: oldLabels
       expression: "has(oldObject.metadata.labels) ? oldObject.metadata.labels : {{}}"
@@ -166,15 +156,7 @@ spec:
         the gpu-scheduler agent changes no Node status but nvidia.com/gpu capacity and
         allocatable (conditions, addresses and the rest are the kubelet's)
       reason: Forbidden
----
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicyBinding
-metadata:
-  name: gpu-scheduler-agent-own-node{labels}
-spec:
-  policyName: gpu-scheduler-agent-own-node
-  validationActions: [Deny]
----
+{node_binding}---
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicy
 metadata:
@@ -187,23 +169,8 @@ spec:
         apiVersions: ["*"]
         operations: [CREATE, UPDATE, DELETE]
         resources: [leases]
-  matchConditions:
-    - name: is-the-agent
-      expression: >-
-        request.userInfo.username ==
-        '{user}'
-  variables:
-    - name: nodeName
-      expression: >-
-        'authentication.kubernetes.io/node-name' in request.userInfo.extra &&
-        size(request.userInfo.extra['authentication.kubernetes.io/node-name']) == 1
-        ? request.userInfo.extra['authentication.kubernetes.io/node-name'][0] : ''
-    - name: podUID
-      expression: >-
-        'authentication.kubernetes.io/pod-uid' in request.userInfo.extra &&
-        size(request.userInfo.extra['authentication.kubernetes.io/pod-uid']) == 1
-        ? request.userInfo.extra['authentication.kubernetes.io/pod-uid'][0] : ''
-    - name: owners
+{match_agent}  variables:
+{node_name}{pod_uid}    - name: owners
       expression: "object == null ? [] : object.metadata.?ownerReferences.orValue([])"
   validations:
     - expression: "variables.nodeName != '' && variables.podUID != ''"
@@ -242,15 +209,43 @@ spec:
         the gpu-scheduler agent's heartbeat Lease must be owned by exactly the agent's
         own Pod (the one its token is bound to), so that it goes with the pod
       reason: Forbidden
----
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicyBinding
-metadata:
-  name: gpu-scheduler-agent-own-lease{labels}
-spec:
-  policyName: gpu-scheduler-agent-own-lease
-  validationActions: [Deny]
+{lease_binding}"""
+
+
+# Pieces both policies share (filled in by render()).
+MATCH_AGENT = """\
+  matchConditions:
+    - name: is-the-agent
+      expression: >-
+        request.userInfo.username ==
+        '{user}'
 """
+
+
+def _claim(variable: str, claim: str) -> str:
+    """A CEL variable: the token's one value of ``authentication.kubernetes.io/<claim>``,
+    or '' (a token not bound to a pod on a node has none)."""
+    key = f"'authentication.kubernetes.io/{claim}'"
+    return (
+        f"    - name: {variable}\n"
+        "      expression: >-\n"
+        f"        {key} in request.userInfo.extra &&\n"
+        f"        size(request.userInfo.extra[{key}]) == 1\n"
+        f"        ? request.userInfo.extra[{key}][0] : ''\n"
+    )
+
+
+def _binding(policy: str, labels: str) -> str:
+    return (
+        "---\n"
+        "apiVersion: admissionregistration.k8s.io/v1\n"
+        "kind: ValidatingAdmissionPolicyBinding\n"
+        "metadata:\n"
+        f"  name: {policy}{labels}\n"
+        "spec:\n"
+        f"  policyName: {policy}\n"
+        "  validationActions: [Deny]\n"
+    )
 
 
 def _quoted(keys: tuple[str, ...]) -> str:
@@ -261,9 +256,13 @@ def render(user: str, labels: str = "") -> str:
     """The policy and its binding for the agent's ServiceAccount ``user``; ``labels``
     is inserted after each metadata name (the chart's labels)."""
     return BODY.format(
+        match_agent=MATCH_AGENT.format(user=user),
+        node_name=_claim("nodeName", "node-name"),
+        pod_uid=_claim("podUID", "pod-uid"),
+        node_binding=_binding("gpu-scheduler-agent-own-node", labels),
+        lease_binding=_binding("gpu-scheduler-agent-own-lease", labels),
         owned_labels=_quoted(contract.AGENT_LABELS),
         owned_annotations=_quoted(contract.AGENT_ANNOTATIONS),
-        user=user,
         labels=labels,
         lease_label=contract.LEASE_LABEL,
         lease_value=contract.LEASE_LABEL_VALUE,

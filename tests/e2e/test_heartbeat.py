@@ -53,6 +53,12 @@ def agent_requests(port: int) -> dict[tuple[str, str], float]:
     return found
 
 
+def h100_node(stack, case: str) -> str:
+    """An 8-GPU H100 node with the GPU taint, in its own case (pods select it)."""
+    labels = gpu_labels(8, "NVIDIA-H100-80GB-HBM3", 81559)
+    return create_node(stack, unique(case), case=case, gpus=8, labels=labels, taints=GPU_TAINT)
+
+
 def agent_write_time(stack, node: str) -> list[str]:
     """When the agent's field manager last wrote the Node (managedFields, per subresource)."""
     fields = core(stack).read_node(node).metadata.managed_fields or []
@@ -137,14 +143,7 @@ def test_a_node_whose_agent_is_gone_is_accepted_again(stack, tmp_path: Path):
     collector deletes the Lease with the pod, and the node is accepted again. Before
     Leases, the last heartbeat annotation stayed on the Node and refused it forever."""
     case = "leftover"
-    node = create_node(
-        stack,
-        unique(case),
-        case=case,
-        gpus=8,
-        labels=gpu_labels(8, "NVIDIA-H100-80GB-HBM3", 81559),
-        taints=GPU_TAINT,
-    )
+    node = h100_node(stack, case)
     inventory = tmp_path / "gpus.yaml"
     inventory.write_text(yaml.safe_dump(h100_inventory(8)))
     agent = stack.start_agent(node, inventory, interval="1s", capacity=False)
@@ -168,14 +167,7 @@ def test_leases_elsewhere_are_not_heartbeats(stack):
     """A Lease named as a node in another namespace (anyone's leader election) is not
     read: the node stays unmanaged and accepted."""
     case = "otherlease"
-    node = create_node(
-        stack,
-        unique(case),
-        case=case,
-        gpus=8,
-        labels=gpu_labels(8, "NVIDIA-H100-80GB-HBM3", 81559),
-        taints=GPU_TAINT,
-    )
+    node = h100_node(stack, case)
     old = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     client.CoordinationV1Api(stack.api).patch_namespaced_lease(
         node,
