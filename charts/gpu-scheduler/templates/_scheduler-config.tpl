@@ -5,6 +5,7 @@ kind: KubeSchedulerConfiguration
 clientConnection:
   qps: 200
   burst: 400
+percentageOfNodesToScore: 0
 leaderElection:
   leaderElect: true
   resourceName: gpu-scheduler
