@@ -4,6 +4,7 @@
         [--mode fill|replay|sample] [--scale 1.0] [--seed 7] [--write-docs]
         [--compress 5000] [--speedup 2] [--patience 120]    # replay only
         [--seeds 42,43,44] [--share 1.3] [--variants NAME:WEIGHTS;...]  # sample only
+        [--percentages default,50,100]                                 # sample only
 
 Builds the trace's cluster (1,523 nodes, 6,212 GPUs at full scale) as Node objects in
 the local control plane, then, in one invocation and on that same cluster, replays the
@@ -31,6 +32,12 @@ sample: the FGD paper's protocol (tests/bench/sampling.py): per seed, tasks draw
         fragmentation at 90% arrived; median and range over the seeds. --variants
         runs our profile once per extender weight set (e.g.
         "binpack:gpu=3,scarcity=6;fgd:fragmentation=10,gpu=0,scarcity=0").
+        --percentages runs our profile once per kube-scheduler
+        percentageOfNodesToScore (set on the profile; "default": unset, i.e. adaptive,
+        50 - nodes/125 %, at least 5% and 100 nodes), labelled
+        gpu-scheduler[pct=N]; with both, every weight set at every percentage. Our
+        extender's per-call handler time and candidate-node count (from its log) are
+        tabled per variant.
 
 In every mode, tasks that fit no node type of the empty cluster are set apart up
 front: never submitted, never a failure (tests/bench/sampling.py).
@@ -43,6 +50,7 @@ import contextlib
 import copy
 import heapq
 import itertools
+import math
 import queue
 import statistics
 import sys
@@ -99,6 +107,132 @@ def scheduler_configs(extender_url: str) -> dict[str, dict[str, Any]]:
     for name, cfg in configs.items():
         cfg["profiles"][0]["schedulerName"] = f"trace-{name}"
     return configs
+
+
+def with_percentage(config: dict[str, Any], percentage: int | None) -> dict[str, Any]:
+    """A copy of a KubeSchedulerConfiguration with ``percentageOfNodesToScore`` set on
+    every profile (kubescheduler.config.k8s.io/v1: the profile's value overrides the
+    top-level one; per-profile since 1.27). None: unset, kube-scheduler's adaptive
+    default; a top-level value the config already has is left as it is."""
+    out = copy.deepcopy(config)
+    if percentage is None:
+        return out
+    if not 0 <= percentage <= 100:
+        raise ValueError(f"percentageOfNodesToScore must be 0..100, not {percentage}")
+    for profile in out["profiles"]:
+        profile["percentageOfNodesToScore"] = percentage
+    return out
+
+
+def nodes_to_find(num_nodes: int, percentage: int | None) -> int:
+    """How many feasible nodes kube-scheduler looks for before it stops filtering
+    (``numFeasibleNodesToFind``, pkg/scheduler/schedule_one.go): all below 100 nodes;
+    unset or 0 -> 50 - nodes/125 percent, at least 5; never fewer than 100."""
+    if num_nodes < 100:
+        return num_nodes
+    pct = percentage or max(50 - num_nodes // 125, 5)
+    return max(num_nodes * pct // 100, 100)
+
+
+def parse_percentages(text: str) -> list[int | None]:
+    """``default,50,100`` -> [None, 50, 100]; empty -> [None] (one run, unset)."""
+    out: list[int | None] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        if item == "default":
+            out.append(None)
+            continue
+        value = int(item)
+        if not 0 <= value <= 100:
+            raise ValueError(f"percentageOfNodesToScore must be 0..100, not {value}")
+        out.append(value)
+    return out or [None]
+
+
+def variant_label(weights: str | None, percentage: int | None, percentages: int) -> str:
+    """gpu-scheduler, gpu-scheduler[NAME], gpu-scheduler[pct=50],
+    gpu-scheduler[NAME,pct=default]: the percentage named when more than one ran."""
+    parts = [weights] if weights else []
+    if percentages > 1:
+        parts.append(f"pct={'default' if percentage is None else percentage}")
+    return f"gpu-scheduler[{','.join(parts)}]" if parts else "gpu-scheduler"
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """Nearest rank: the smallest value with at least ``q`` of the values at or below."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def extender_calls(lines: list[str]) -> list[tuple[str, float, int]]:
+    """(verb, handler ms, candidate nodes) of each filter/prioritize call in our
+    extender's JSON log lines (its access line per verb: msg, ms, nodes)."""
+    import json
+
+    out = []
+    for line in lines:
+        if not line.startswith("{"):
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("msg") in ("filter", "prioritize") and "ms" in record:
+            out.append((record["msg"], float(record["ms"]), int(record["nodes"])))
+    return out
+
+
+def extender_call_stats(calls: list[tuple[str, float, int]]) -> dict[str, dict[str, float]]:
+    """Per verb: calls, handler ms p50/p99, candidate nodes p50/min/max."""
+    out: dict[str, dict[str, float]] = {}
+    for verb in ("filter", "prioritize"):
+        ms = [m for v, m, _ in calls if v == verb]
+        nodes = [float(n) for v, _, n in calls if v == verb]
+        if not ms:
+            continue
+        out[verb] = {
+            "calls": len(ms),
+            "p50_ms": statistics.median(ms),
+            "p99_ms": _quantile(ms, 0.99),
+            "nodes_p50": statistics.median(nodes),
+            "nodes_min": min(nodes),
+            "nodes_max": max(nodes),
+        }
+    return out
+
+
+def latency_table(stats: dict[str, dict[str, dict[str, float]]]) -> str:
+    rows = [
+        "| variant | verb | calls | handler p50 ms | p99 ms | candidate nodes p50 [min-max] |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for label, verbs in stats.items():
+        for verb, s in verbs.items():
+            rows.append(
+                f"| {label} | {verb} | {s['calls']:.0f} | {s['p50_ms']:.2f} | "
+                f"{s['p99_ms']:.2f} | {s['nodes_p50']:.0f} "
+                f"[{s['nodes_min']:.0f}-{s['nodes_max']:.0f}] |"
+            )
+    return "\n".join(rows)
+
+
+class _LogTail:
+    """Lines appended to a log since the last read (from the start if it shrank)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+
+    def read(self) -> list[str]:
+        if not self.path.exists():
+            return []
+        size = self.path.stat().st_size
+        if size < self.offset:
+            self.offset = 0
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        self.offset += len(data)
+        return data.decode(errors="replace").splitlines()
 
 
 class Outcomes:
@@ -639,6 +773,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         help="sample: our profile once per extender weight set, NAME:policy=w,...;NAME:...",
     )
+    parser.add_argument(
+        "--percentages",
+        default="",
+        help="sample: our profile once per percentageOfNodesToScore, e.g. default,50,100",
+    )
     parser.add_argument("--write-docs", action="store_true", help="table + plot into docs/")
     return parser.parse_args(argv)
 
@@ -804,35 +943,57 @@ def run_samples(
     total_gpus = sum(n.gpus for n in nodes)
     seeds = [int(x) for x in opts.seeds.split(",") if x.strip()]
     names = [s for s in opts.schedulers.split(",") if s]
-    variants = parse_variants(opts.variants)
+    percentages = parse_percentages(opts.percentages)
+    # (label, extender config, percentageOfNodesToScore) per run of our profile
+    variants = [
+        (
+            variant_label(
+                label[len("gpu-scheduler[") : -1] if extender else None, pct, len(percentages)
+            ),
+            extender,
+            pct,
+        )
+        for label, extender in parse_variants(opts.variants)
+        for pct in percentages
+    ]
     print(
         f"{opts.pods}: {len(nodes)} nodes ({total_gpus} GPUs), {len(tasks)} feasible tasks "
         f"({len(apart)} set apart), mode sample, share {opts.share:g}, seeds {seeds}, "
-        f"scale {opts.scale}",
+        f"scale {opts.scale}"
+        + (
+            f", percentageOfNodesToScore {opts.percentages} (adaptive default: "
+            f"{nodes_to_find(len(nodes), None)} of {len(nodes)} nodes)"
+            if opts.percentages
+            else ""
+        ),
         flush=True,
     )
     results: list[SampleResult] = []
+    calls: dict[str, list[tuple[str, float, int]]] = {}  # our variants' calls, all seeds
     with bare_stack("trace-sample-") as (stack, core):
         cluster = stack.cluster
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda n: core.create_node(node_manifest(n)), nodes))
         stack.start_extender()
         configs = scheduler_configs(f"http://127.0.0.1:{stack.extender_port}")
+        tail = _LogTail(cluster.workdir / "logs" / "extender.log")
         current: dict[str, Any] | None = None
         for seed in seeds:
             drawn = draw(tasks, total_gpus, opts.share, seed)
             for name in names:
-                for label, extender in variants if name == "gpu-scheduler" else [(name, None)]:
+                runs_of = variants if name == "gpu-scheduler" else [(name, None, None)]
+                for label, extender, pct in runs_of:
                     if name == "gpu-scheduler" and extender != current:
                         cluster.stop_process("extender")
                         stack.start_extender(extender)
                         current = extender
+                    tail.read()  # what came before this run is not its
                     started = time.monotonic()
                     result = run_sample(
                         cluster,
                         core,
                         label,
-                        configs[name],
+                        with_percentage(configs[name], pct),
                         drawn,
                         nodes,
                         classes,
@@ -841,10 +1002,30 @@ def run_samples(
                     )
                     result.infeasible = len(apart)
                     results.append(result)
+                    if name == "gpu-scheduler":
+                        these = extender_calls(tail.read())
+                        calls.setdefault(label, []).extend(these)
+                        one = extender_call_stats(these)
                     print(
                         f"  {label} seed {seed}: at 100% arrived "
                         f"{result.at_level(1.0) or 0:.1%}, first failure "
-                        f"{result.first_failure_or_end:.1%}, {time.monotonic() - started:.0f}s",
+                        f"{result.first_failure_or_end:.1%}, "
+                        + (
+                            f"fragmented at 90% {result.fragmentation[0]:.0f} GPUs "
+                            f"({result.fragmentation[1]:.0%} of free), "
+                            if result.fragmentation
+                            else ""
+                        )
+                        + f"{result.gpu_failed} failed, {time.monotonic() - started:.0f}s"
+                        + (
+                            "".join(
+                                f"; {verb} p50 {v['p50_ms']:.2f} ms p99 {v['p99_ms']:.2f} ms "
+                                f"at {v['nodes_p50']:.0f} nodes"
+                                for verb, v in one.items()
+                            )
+                            if name == "gpu-scheduler"
+                            else ""
+                        ),
                         flush=True,
                     )
                     clear_pods(core, stack.extender_port)
@@ -852,11 +1033,16 @@ def run_samples(
     for r in results:
         runs.setdefault(r.scheduler, []).append(r)
     table = sample_table(runs)
+    latencies = latency_table({k: extender_call_stats(v) for k, v in calls.items()})
     print()
     print(table)
+    print()
+    print(latencies)
     if opts.write_docs:
         stem = Path(opts.pods).stem.replace("openb_pod_list_", "")
-        variant = "" if not opts.variants else "-variants"
+        variant = ("-variants" if opts.variants else "") + (
+            "-percentages" if opts.percentages else ""
+        )
         png = ROOT / "docs" / f"trace-sample-{stem}{variant}.png"
         plot_sample(runs, f"openb {stem}, sample mode, seeds {opts.seeds}", png)
         command = (
@@ -864,16 +1050,20 @@ def run_samples(
             f"--scale {opts.scale} --seeds {opts.seeds} --share {opts.share:g}"
             + (f" --schedulers {opts.schedulers}" if names != list(SCHEDULERS) else "")
             + (f' --variants "{opts.variants}"' if opts.variants else "")
+            + (f" --percentages {opts.percentages}" if opts.percentages else "")
             + " --write-docs"
         )
         write_docs(
             f"### {stem}, sample, scale {opts.scale}, seeds {opts.seeds}"
-            + (" (weight variants)" if variant else "")
+            + (" (weight variants)" if opts.variants else "")
+            + (" (percentageOfNodesToScore variants)" if opts.percentages else "")
             + f"\n\n```sh\n{command}\n```\n\n"
             f"{len(nodes)} nodes, {total_gpus} GPUs; {len(tasks)} feasible tasks to draw "
             f"from ({len(apart)} set apart as infeasible); run "
             f"{time.strftime('%Y-%m-%d %H:%M')}. Median over the seeds [range].\n\n"
-            f"{table}\n\n![GPU allocation against GPUs arrived]({png.name})\n",
+            f"{table}\n\n"
+            + (f"Our extender's calls:\n\n{latencies}\n\n" if calls else "")
+            + f"![GPU allocation against GPUs arrived]({png.name})\n",
             f"sample-{stem}{variant}",
         )
     return results
