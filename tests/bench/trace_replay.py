@@ -65,6 +65,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from kubernetes.client.exceptions import ApiException  # noqa: E402
+from urllib3.exceptions import ProtocolError  # noqa: E402
 
 from gpu_scheduler.kube import watch_events  # noqa: E402
 from lab.controlplane import LocalCluster  # noqa: E402
@@ -150,9 +151,10 @@ def parse_percentages(text: str) -> list[int | None]:
 
 def variant_label(weights: str | None, percentage: int | None, percentages: int) -> str:
     """gpu-scheduler, gpu-scheduler[NAME], gpu-scheduler[pct=50],
-    gpu-scheduler[NAME,pct=default]: the percentage named when more than one ran."""
+    gpu-scheduler[NAME,pct=default]: the percentage named when one is set or more
+    than one ran."""
     parts = [weights] if weights else []
-    if percentages > 1:
+    if percentages > 1 or percentage is not None:
         parts.append(f"pct={'default' if percentage is None else percentage}")
     return f"gpu-scheduler[{','.join(parts)}]" if parts else "gpu-scheduler"
 
@@ -308,10 +310,16 @@ def clear_pods(core: Any, extender_port: int | None) -> None:
         try:
             # Thousands of pods: on a loaded machine the API server may answer 504
             # while it goes on deleting; ask again until they are gone.
+            # The answer lists every deleted pod (megabytes): the connection may also
+            # break while it is read, with the deletion under way all the same.
             core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
         except ApiException as exc:
             if exc.status not in (429, 500, 503, 504) or time.monotonic() > deadline:
                 raise
+        except (ProtocolError, ConnectionError) as exc:
+            if time.monotonic() > deadline:
+                raise
+            print(f"  (deleting the pods: {exc!r}; asking again)", flush=True)
         if not core.list_namespaced_pod(NAMESPACE, limit=1).items:
             break
         if time.monotonic() > deadline:

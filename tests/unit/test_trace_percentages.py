@@ -80,7 +80,7 @@ def test_parse_percentages():
 
 def test_variant_label():
     assert variant_label(None, None, 1) == "gpu-scheduler"
-    assert variant_label(None, 50, 1) == "gpu-scheduler"  # one percentage: not named
+    assert variant_label(None, 50, 1) == "gpu-scheduler[pct=50]"  # set: named
     assert variant_label(None, None, 3) == "gpu-scheduler[pct=default]"
     assert variant_label(None, 50, 3) == "gpu-scheduler[pct=50]"
     assert variant_label("fgd", 100, 2) == "gpu-scheduler[fgd,pct=100]"
