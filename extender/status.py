@@ -76,11 +76,14 @@ def _items(call: Any, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
     return json.loads(response.data).get("items") or []
 
 
-def cluster_status(api_client: Any) -> str:
+def cluster_status(api_client: Any, namespace: str = "gpu-scheduler") -> str:
+    """The inventory table as the extender would see it; AGENT is the age of each
+    node's heartbeat Lease in ``namespace`` (the install's)."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
     from extender.cache import POD_FIELD_SELECTOR, ClusterCache
+    from gpu_scheduler import contract
 
     core = client.CoreV1Api(api_client)
     cache = ClusterCache()
@@ -88,6 +91,17 @@ def cluster_status(api_client: Any) -> str:
     cache.replace_pods(
         _items(core.list_pod_for_all_namespaces, field_selector=POD_FIELD_SELECTOR)
     )
+    try:
+        cache.replace_leases(
+            _items(
+                client.CoordinationV1Api(api_client).list_namespaced_lease,
+                namespace,
+                label_selector=contract.LEASE_SELECTOR,
+            )
+        )
+    except ApiException as exc:
+        if exc.status != 403:  # not ours to read: AGENT stays "-"
+            raise
     resource = client.ResourceV1Api(api_client)
     try:
         cache.replace_device_classes(_items(resource.list_device_class))
@@ -105,10 +119,16 @@ def cluster_status(api_client: Any) -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster or ~/.kube/config)")
+    parser.add_argument(
+        "--namespace",
+        default="gpu-scheduler",
+        help="the install's namespace, where the agents' heartbeat Leases are (default "
+        "gpu-scheduler)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from gpu_scheduler.kube import api_client
 
-    print(cluster_status(api_client(args.kubeconfig)))
+    print(cluster_status(api_client(args.kubeconfig), args.namespace))
     return 0
