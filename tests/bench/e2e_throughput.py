@@ -16,7 +16,7 @@ then the pods are deleted and our extender's cache is seen empty before the next
   - ours-prio:  deploy/'s profile with only the prioritize verb.
 kube-scheduler's client rate limit (``clientConnection.qps``/``burst``, 50/100 by
 default) caps a scheduler at about 50 bindings a second whatever the extender does, so
-it is raised to ``--qps`` in every variant (``--qps 0`` keeps deploy/'s: 200/400).
+it is raised to ``--qps`` in every variant (``--qps 0`` keeps deploy/'s: 300/600).
 Prints pods/s per variant and the ratios to bare and to without.
 """
 

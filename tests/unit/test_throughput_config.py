@@ -27,7 +27,7 @@ def test_each_variant_changes_only_its_part():
     assert without["profiles"][0]["pluginConfig"] == ours["profiles"][0]["pluginConfig"]
 
     # 0: deploy/'s own limit
-    assert variant_config("ours", OURS, BARE, 0)["clientConnection"] == {"qps": 200, "burst": 400}
+    assert variant_config("ours", OURS, BARE, 0)["clientConnection"] == {"qps": 300, "burst": 600}
 
 
 def test_binding_times_come_from_kube_schedulers_own_log():

@@ -3,8 +3,8 @@
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection:
-  qps: 200
-  burst: 400
+  qps: 300
+  burst: 600
 percentageOfNodesToScore: 0
 leaderElection:
   leaderElect: true
