@@ -85,3 +85,33 @@ def test_without_a_namespace_no_leases_are_watched():
         assert set(cache.reflectors) == {"nodes", "pods"}
     finally:
         cache.stop()
+
+
+def test_the_views_heartbeats_stay_sorted_and_in_step_with_the_nodes():
+    """The sorted heartbeats are kept incrementally (a renewal moves one value): after
+    renewals, deletions, a node gone and a relist they equal the nodes' own."""
+    import random
+
+    rng = random.Random(7)
+    cache = ClusterCache()
+    cache.replace_nodes([make_node(f"n{i}", 8, **H100) for i in range(30)])
+    cache.replace_leases([make_lease(f"n{i}", RENEWED) for i in range(0, 30, 2)])
+    for step in range(300):
+        name = f"n{rng.randrange(30)}"
+        minute = rng.randrange(60)
+        action = rng.random()
+        if action < 0.6:
+            cache.lease_event("MODIFIED", make_lease(name, f"2027-01-15T07:{minute:02d}:00Z"))
+        elif action < 0.8:
+            cache.lease_event("DELETED", make_lease(name, None))
+        elif action < 0.9:
+            cache.node_event("DELETED", make_node(name))
+        else:
+            cache.node_event("ADDED", make_node(name, 8, **H100))
+        view = cache.view()
+        expected = sorted(f.heartbeat for f in view.nodes.values() if f.heartbeat is not None)
+        assert view.beats == expected, step
+    cache.replace_nodes([make_node("n1", 8, **H100)])
+    assert cache.view().beats == sorted(
+        f.heartbeat for f in cache.view().nodes.values() if f.heartbeat is not None
+    )
