@@ -5,7 +5,7 @@ Every ``interval`` the GPUs are read (NVML, no API call). The Node is read and
 brought in line only when what it should carry changed since the last sync, or every
 ``resync_interval`` (to repair what someone else changed); the heartbeat Lease is
 renewed every ``heartbeat_interval``. In a steady state that is, per node and hour,
-3600/resync GETs of the Node, 3600/heartbeat Lease patches and no Node write (6 and
+3600/resync GETs of the Node, 3600/heartbeat Lease applies and no Node write (6 and
 12 with the defaults; the DRA check adds 2 lists per 10 minutes with capacity on).
 
 Decisions are :func:`agent.labels.desired_state`, :func:`agent.sync.plan_sync` and
