@@ -104,8 +104,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if min(interval, heartbeat, resync, timeout) <= 0:
         return _fail(
-            "--interval, --heartbeat-interval, --resync-interval and --request-timeout "
-            "must be > 0"
+            "--interval, --heartbeat-interval, --resync-interval and --request-timeout must be > 0"
         )
     if not args.dry_run and not args.node_name:
         return _fail("--node-name (or $NODE_NAME) is required unless --dry-run")
@@ -216,9 +215,7 @@ def _run_forever(
             "interval_s": config.interval_s,
             "heartbeat_interval_s": config.heartbeat_interval_s,
             "resync_interval_s": config.resync_interval_s,
-            "heartbeat_lease": (
-                f"{config.pod.namespace}/{args.node_name}" if config.pod else None
-            ),
+            "heartbeat_lease": (f"{config.pod.namespace}/{args.node_name}" if config.pod else None),
             "capacity": args.capacity,
             "gfd_labels": args.gfd_labels,
             "dry_run": args.dry_run,

@@ -36,7 +36,6 @@ class ApiError(Exception):
         return self.status in (409, 422)
 
 
-
 class NodeApi(Protocol):
     def get_node(self, name: str) -> NodeState: ...
 

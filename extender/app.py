@@ -24,10 +24,11 @@ from flask import Flask, Response, request
 
 from extender import metrics, wire
 from extender.cache import ClusterCache
+from extender.columns import Candidates
 from extender.config import ExtenderConfig, load_config
-from extender.engine import FilterOutcome, filter_nodes, score_nodes
+from extender.engine import FilterOutcome, candidates_of, filter_nodes, score_nodes
 from extender.explain import Explainer, decision, only_fit
-from extender.model import NodeFacts, PodFacts, node_facts, pod_facts
+from extender.model import PodFacts, node_facts, pod_facts
 from extender.policies import Policy, build_policies
 from extender.view import View, args_view
 from gpu_scheduler.http import (
@@ -54,7 +55,7 @@ class _Request:
 
     args: wire.ExtenderArgs
     pod: PodFacts
-    nodes: list[NodeFacts | None]
+    nodes: Candidates
     view: View
 
 
@@ -74,19 +75,19 @@ class Decider:
         pod = pod_facts(args.pod, self.cfg.default_placement)
         view = self.cache.view() if self.cache is not None else args_view()
         if args.nodes is not None:
-            return _Request(args, pod, [node_facts(node) for node in args.nodes], view)
+            facts = [node_facts(node) for node in args.nodes]
+            return _Request(args, pod, candidates_of(args.names, facts, view), view)
         if self.cache is None:
             raise BadInput(
                 "NodeNames sent, but this extender runs with --node-source args: set "
                 "nodeCacheCapable: false in the scheduler's extender config, or run "
                 "the extender with --node-source cluster"
             )
-        return _Request(args, pod, view.lookup(args.names), view)
+        return _Request(args, pod, view.candidates(args.names), view)
 
     def filter(self, req: _Request) -> tuple[bytes, dict[str, Any]]:
         outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
-        unknown = sum(1 for node in req.nodes if node is None)
-        if unknown and not outcome.passed:
+        if not outcome.passed and (unknown := req.nodes.unknown()):
             # Nothing fits among the nodes this view knows, and kube-scheduler knows
             # nodes it does not (just added, or the cache is behind): answer an error,
             # which kube-scheduler retries within seconds, rather than park the pod
@@ -124,7 +125,9 @@ class Decider:
         uid = _uid(req.args.pod)
         explain = self.explainer is not None and req.pod.gpus > 0 and uid is not None
         parts: dict[str, list[float]] | None = {} if explain else None
-        scores = score_nodes(req.pod, req.nodes, req.view, self.policies, self.cfg, parts)
+        scores = score_nodes(
+            req.pod, req.nodes, req.view, self.policies, self.cfg, parts, req.args.names
+        )
         if explain and self.explainer is not None and uid is not None and parts is not None:
             self.explainer.remember(
                 decision(
@@ -261,9 +264,7 @@ def start_cluster_source(
         lambda body: core.create_namespaced_event(body["metadata"]["namespace"], body)
     ).start()
     cache = ClusterCache(on_bound=explainer.bound)
-    cache.start(
-        core, client.ResourceV1Api(api), client.CoordinationV1Api(api), heartbeat_namespace
-    )
+    cache.start(core, client.ResourceV1Api(api), client.CoordinationV1Api(api), heartbeat_namespace)
     return cache, explainer
 
 

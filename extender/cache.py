@@ -23,10 +23,11 @@ from types import MappingProxyType
 from typing import Any
 
 from extender import dra_index, metrics
+from extender.columns import FreeState, NodeTable, free_state
 from extender.dra_index import DraIndex
 from extender.model import MAX_GPUS, NodeFacts, lease_heartbeat, node_facts
 from extender.reflector import Reflector
-from extender.view import FreeState, View, free_state
+from extender.view import View
 from extender.workload import TaskShape, task_shape, workload_mix
 from gpu_scheduler import contract
 from gpu_scheduler.constraints import parse_products
@@ -147,6 +148,8 @@ class ClusterCache:
         self._shapes: dict[TaskShape, int] = {}
         # Each node's FreeState, refreshed where its facts or its pods change.
         self._free: dict[str, FreeState] = {}
+        # The same facts and FreeState as rows (extender.columns), for the hot path.
+        self._table = NodeTable()
         self._lock = threading.Lock()
         self._node_version = 0
         self._pod_version = 0
@@ -183,9 +186,10 @@ class ClusterCache:
             nodes = MappingProxyType(dict(self._nodes))
         if old is not None and old.version == version:
             used, groups, pods = old.used, old.groups, old.pods
-            free, mix = old.free, old.mix
+            free, mix, table = old.free, old.mix, old.table
         else:
             free = MappingProxyType(dict(self._free))
+            table = self._table.snapshot()
             mix = workload_mix(self._shapes)
             counted = dict(self._used)
             for name in self._dra_nodes:
@@ -210,6 +214,7 @@ class ClusterCache:
             age=age,
             stale=age is None or age > STALE_AFTER,
             version=version,
+            table=table,
         )
         self._view = snap
         return snap
@@ -315,13 +320,15 @@ class ClusterCache:
         facts = self._nodes.get(name)
         if facts is None:
             self._free.pop(name, None)
+            self._table.put(name, None, None)
             return
-        self._free[name] = free_state(
+        state = self._free[name] = free_state(
             facts,
             self._gpus_used(name, facts),
             self._cpu_used.get(name, 0),
             self._ram_used.get(name, 0),
         )
+        self._table.put(name, facts, state)
 
     def _gpus_used(self, name: str, facts: NodeFacts) -> int:
         """GPUs in use on a node: on a DRA node the devices claims hold, not the pods'
@@ -339,6 +346,7 @@ class ClusterCache:
             fresh[facts.name] = facts
         with self._lock:
             self._base, self._nodes, self._capacity, self._free = fresh, {}, {}, {}
+            self._table = NodeTable(len(fresh))
             self._dra_nodes, self._beats = set(), []
             for name in fresh:
                 self._set_facts(name)

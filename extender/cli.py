@@ -49,8 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--ops-port",
         type=int,
         metavar="PORT",
-        help="also serve /healthz, /readyz and /metrics in the clear on PORT (never the "
-        "verbs)",
+        help="also serve /healthz, /readyz and /metrics in the clear on PORT (never the verbs)",
     )
     add_cert_reload_option(parser)
 

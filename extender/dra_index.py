@@ -113,8 +113,11 @@ class DraIndex:
         return self._matcher.device_class.name if self._matcher else None
 
     def counts(self) -> dict[str, int]:
-        return {"deviceclasses": len(self._classes), "resourceslices": len(self._slices),
-                "resourceclaims": len(self._claims)}
+        return {
+            "deviceclasses": len(self._classes),
+            "resourceslices": len(self._slices),
+            "resourceclaims": len(self._claims),
+        }
 
     # --- DeviceClasses --------------------------------------------------------------
     def replace_classes(self, classes: Iterable[dra.DeviceClass]) -> set[str]:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+import numpy as np
+
+from extender.columns import Candidates
 from extender.config import ExtenderConfig
 from extender.model import NodeFacts, PodFacts
 from extender.policies import ClusterView, Failure, Policy
@@ -29,57 +31,63 @@ class FilterOutcome:
     unresolvable: dict[str, str] = field(default_factory=dict)
 
 
+def candidates_of(
+    names: Sequence[str], nodes: Sequence[NodeFacts | None] | Candidates, view: ClusterView
+) -> Candidates:
+    """``nodes`` as :class:`Candidates`: as they are, or built from the facts
+    (``nodes[i]`` for ``names[i]``, None when unknown) and the view's usage."""
+    if isinstance(nodes, Candidates):
+        return nodes
+    return Candidates.from_facts(names, nodes, view.free, view.used)
+
+
 def filter_nodes(
     pod: PodFacts,
     names: Sequence[str],
-    nodes: Sequence[NodeFacts | None],
+    nodes: Sequence[NodeFacts | None] | Candidates,
     view: ClusterView,
     policies: Sequence[Policy],
 ) -> FilterOutcome:
-    """Sort every candidate into exactly one of passed / failed / unresolvable.
-
-    ``nodes[i]`` holds the facts for ``names[i]``, or None when they are unknown.
-    """
+    """Sort every candidate into exactly one of passed / failed / unresolvable."""
     out = FilterOutcome()
     if pod.error is not None:
         reason = f"pod cannot be placed as asked: {pod.error}"
         out.unresolvable = dict.fromkeys(names, reason)
         return out
-    known = [node for node in nodes if node is not None and node.error is None]
-    verdicts: dict[int, Failure] = {}  # position in ``known`` -> first failure
+    batch = candidates_of(names, nodes, view)
+    verdicts: dict[int, Failure] = {}  # position among the known -> first failure
     for policy in policies:
         state = policy.pre_filter(pod, view)
         if state is None:
             continue
-        positions = policy.suspects(state, known, view)
+        positions = policy.suspects(state, batch, view)
         if positions is None:
-            positions = range(len(known))
+            positions = range(batch.known)
         check = policy.filter
-        for j in positions:
+        for j in map(int, positions):
             before = verdicts.get(j)
             if before is not None and before.unresolvable:
                 continue  # the strongest verdict is in
-            failure = check(state, known[j], view)
+            failure = check(state, batch.facts(j), view)
             # First failure wins, except that an unresolvable one overrides a
             # resolvable one: preemption or waiting cannot help that node.
             if failure is not None and (before is None or failure.unresolvable):
                 verdicts[j] = failure
     passed, failed, unresolvable = out.passed, out.failed, out.unresolvable
-    if not verdicts and len(known) == len(nodes) == len(names):  # usual: every node passes
+    if not verdicts and batch.where is None:  # usual: every node passes
         passed.extend(names)
         return out
-    j = 0
-    for name, node in zip(names, nodes, strict=True):
-        if node is None:
+    known = range(batch.count) if batch.where is None else batch.where.tolist()
+    at = dict(zip(known, range(len(known)), strict=True))  # position -> among the known
+    for i, name in enumerate(names):
+        j = at.get(i)
+        if j is None:
+            node = batch.missing(i)
             # Unresolvable: preemption cannot make the cache know a node. The pod is
             # retried on the next cluster event (the node's own arrival is one).
-            unresolvable[name] = UNKNOWN_NODE
-            continue
-        if node.error is not None:
-            unresolvable[name] = node.error
+            unresolvable[name] = UNKNOWN_NODE if node is None else str(node.error)
             continue
         verdict = verdicts.get(j)
-        j += 1
         if verdict is None:
             passed.append(name)
         elif verdict.unresolvable:
@@ -91,25 +99,33 @@ def filter_nodes(
 
 def score_nodes(
     pod: PodFacts,
-    nodes: Sequence[NodeFacts | None],
+    nodes: Sequence[NodeFacts | None] | Candidates,
     view: ClusterView,
     policies: Sequence[Policy],
     cfg: ExtenderConfig,
     parts: dict[str, Sequence[float]] | None = None,
+    names: Sequence[str] | None = None,
 ) -> list[int]:
     """Integer scores 0..10, one per node (0 for unknown and unreadable nodes).
 
     ``parts``, when given, receives each scoring policy's own 0..10 score per node
     (before weighting; 0 for unknown nodes): what a placement explanation shows. They
-    are worked out when read, since an explanation reads a few of the candidates."""
-    count = len(nodes)
+    are worked out when read, since an explanation reads a few of the candidates.
+    ``names`` are the candidates' (needed only when ``nodes`` are facts)."""
+    if isinstance(nodes, Candidates):
+        batch: Candidates | None = nodes
+        count = nodes.count
+    else:
+        batch, count = None, len(nodes)
     if pod.error is not None or count == 0:
         return [0] * count
-    where = [i for i, node in enumerate(nodes) if node is not None and node.error is None]
-    if not where:
+    if batch is None:
+        if names is None:
+            names = [n.name if n is not None else "" for n in nodes]  # type: ignore[union-attr]
+        batch = candidates_of(names, nodes, view)
+    if batch.known == 0:
         return [0] * count
-    known = [nodes[i] for i in where]
-    totals = [0.0] * len(known)
+    totals = np.zeros(batch.known)
     weight_sum = 0
     for policy in policies:
         weight = cfg.weight(policy.name)
@@ -119,45 +135,47 @@ def score_nodes(
         if state is None:
             continue
         weight_sum += weight
-        raw = policy.score_all(state, known, view)  # type: ignore[arg-type]
-        part = _Normalised(raw, policy.absolute, count, where)
-        # One pass per policy: total += weight x the normalised score (the same
-        # arithmetic, in the same order, as normalising first).
-        low, unit = part.low, part.unit
-        if unit is None:  # every candidate alike: all get MAX_SCORE
-            flat = weight * float(MAX_SCORE)
-            totals = [t + flat for t in totals]
+        raw = np.asarray(policy.score_all(state, batch, view), dtype=np.float64)
+        part = _Normalised(raw, policy.absolute, batch)
+        # total += weight x the normalised score (the same arithmetic, in the same
+        # order, as normalising first).
+        if part.unit is None:  # every candidate alike: all get MAX_SCORE
+            totals = totals + weight * float(MAX_SCORE)
         else:
-            totals = [t + weight * ((v - low) * unit) for t, v in zip(totals, raw, strict=True)]
+            totals = totals + weight * ((raw - part.low) * part.unit)
         if parts is not None:
             parts[policy.name] = part
     if weight_sum == 0:
         return [0] * count
-    # Half up, then clamp: floating error must never step outside 0..10.
-    inverse = 1.0 / weight_sum
-    scores = [int(t * inverse + 0.5) for t in totals]
-    scores = [MAX_SCORE if s > MAX_SCORE else 0 if s < 0 else s for s in scores]
-    return _placed(count, where, scores, 0)
+    # Half up (truncating, as int() does), then clamp: floating error must never step
+    # outside 0..10.
+    scores = np.clip((totals * (1.0 / weight_sum) + 0.5).astype(np.int64), 0, MAX_SCORE)
+    if batch.where is None:
+        return scores.tolist()
+    out = np.zeros(count, dtype=np.int64)
+    out[batch.where] = scores
+    return out.tolist()
 
 
 class _Normalised(Sequence[float]):
-    """One policy's 0..10 scores over all ``count`` candidates, computed per item on
+    """One policy's 0..10 scores over all the call's candidates, computed per item on
     reading: min-max over the candidates it scored (``absolute``: raw x 10); all
     alike -> MAX_SCORE; a candidate it did not score (unknown node) -> 0."""
 
     __slots__ = ("_at", "_count", "low", "raw", "unit")
 
-    def __init__(self, raw: list[float], absolute: bool, count: int, where: list[int]) -> None:
+    def __init__(self, raw: np.ndarray, absolute: bool, batch: Candidates) -> None:
         self.raw = raw
         self.low: float = 0.0
         self.unit: float | None = float(MAX_SCORE)
         if not absolute:
-            low, high = min(raw), max(raw)
+            low, high = float(raw.min()), float(raw.max())
             self.low = low
             self.unit = MAX_SCORE / (high - low) if high != low else None
+        where = batch.where
         # candidate position -> position among the scored ones (None: all were scored)
-        self._at = None if len(where) == count else {i: j for j, i in enumerate(where)}
-        self._count = count
+        self._at = None if where is None else {int(i): j for j, i in enumerate(where)}
+        self._count = batch.count
 
     def __len__(self) -> int:
         return self._count
@@ -174,15 +192,4 @@ class _Normalised(Sequence[float]):
             return 0.0
         if self.unit is None:
             return float(MAX_SCORE)
-        return (self.raw[j] - self.low) * self.unit
-
-
-def _placed(count: int, where: list[int], values: list[Any], missing: Any = 0.0) -> list[Any]:
-    """``values`` for the known nodes at their positions among all ``count`` (the
-    others get ``missing``)."""
-    if len(where) == count:
-        return values
-    out = [missing] * count
-    for i, value in zip(where, values, strict=True):
-        out[i] = value
-    return out
+        return (float(self.raw[j]) - self.low) * self.unit

@@ -28,7 +28,7 @@ def pod_story(api_client: Any, namespace: str, name: str) -> str:
     ).items
     uid = pod.metadata.uid
     mine = [e for e in events if not e.involved_object.uid or e.involved_object.uid == uid]
-    mine.sort(key=lambda e: (e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
+    mine.sort(key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp)
     node = pod.spec.node_name
     lines = [
         f"pod {namespace}/{name}: "

@@ -22,8 +22,18 @@ if TYPE_CHECKING:
     from extender.model import NodeFacts
     from extender.view import View
 
-COLUMNS = ("NODE", "PRODUCT", "MEM/GPU", "KIND", "GPUS", "USED", "FREE", "ZONE", "CAPACITY",
-           "AGENT")
+COLUMNS = (
+    "NODE",
+    "PRODUCT",
+    "MEM/GPU",
+    "KIND",
+    "GPUS",
+    "USED",
+    "FREE",
+    "ZONE",
+    "CAPACITY",
+    "AGENT",
+)
 
 
 def kind(facts: NodeFacts) -> str:
@@ -88,9 +98,7 @@ def cluster_status(api_client: Any, namespace: str = "gpu-scheduler") -> str:
     core = client.CoreV1Api(api_client)
     cache = ClusterCache()
     cache.replace_nodes(_items(core.list_node))
-    cache.replace_pods(
-        _items(core.list_pod_for_all_namespaces, field_selector=POD_FIELD_SELECTOR)
-    )
+    cache.replace_pods(_items(core.list_pod_for_all_namespaces, field_selector=POD_FIELD_SELECTOR))
     try:
         cache.replace_leases(
             _items(

@@ -14,26 +14,11 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from extender.columns import Candidates, FreeState, TableSnapshot
 from extender.model import NodeFacts
 from extender.workload import MixEntry
 
 EMPTY: Mapping[Any, Any] = MappingProxyType({})
-
-#: What a node has left for the next GPU pod: (free GPUs, free CPU millicores, free
-#: memory MiB, GPU model). CPU and memory count what its bound GPU pods request; a node
-#: with unknown allocatable CPU or memory is not limited by it (:data:`UNLIMITED`).
-FreeState = tuple[int, int, int, str | None]
-UNLIMITED = 1 << 62
-
-
-def free_state(node: NodeFacts, used_gpus: int, cpu_used: int, ram_used: int) -> FreeState:
-    cpu, ram = node.cpu_milli, node.ram_mib
-    return (
-        node.allocatable - used_gpus,
-        UNLIMITED if cpu is None else cpu - cpu_used,
-        UNLIMITED if ram is None else ram - ram_used,
-        node.model,
-    )
 
 
 class View:
@@ -50,6 +35,7 @@ class View:
         "pods",
         "pressure",
         "stale",
+        "table",
         "time",
         "used",
         "version",
@@ -71,6 +57,7 @@ class View:
         age: float | None = None,
         stale: bool = False,
         version: Any = None,
+        table: TableSnapshot | None = None,
     ) -> None:
         #: Node facts by name (cluster mode; empty in args mode).
         self.nodes = nodes
@@ -95,6 +82,8 @@ class View:
         #: True when that is longer than the cache trusts (``STALE_AFTER``).
         self.stale = stale
         self.version = version
+        #: The same nodes as rows (cluster mode): what :meth:`candidates` gathers.
+        self.table = table
 
     def used_gpus(self, node: str) -> int:
         return self.used.get(node, 0)
@@ -123,6 +112,12 @@ class View:
 
     def lookup(self, names: Sequence[str]) -> list[NodeFacts | None]:
         return list(map(self.nodes.get, names))
+
+    def candidates(self, names: Sequence[str]) -> Candidates:
+        """The rows of ``names`` (from the table, else built from the node facts)."""
+        if self.table is not None:
+            return Candidates.from_view(names, self.table, self.nodes)
+        return Candidates.from_facts(names, self.lookup(names), self.free, self.used)
 
 
 def args_view() -> View:

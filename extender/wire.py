@@ -68,9 +68,7 @@ def parse_args(payload: Any) -> ExtenderArgs:
         return ExtenderArgs(pod, items, names)
     if names_field is not None:
         if not isinstance(names_field, list):
-            raise BadInput(
-                f"ExtenderArgs.NodeNames must be an array, not {type_name(names_field)}"
-            )
+            raise BadInput(f"ExtenderArgs.NodeNames must be an array, not {type_name(names_field)}")
         if not _all_node_names(names_field):  # the common case checked in C; else say where
             for i, name in enumerate(names_field):
                 _node_name(name, f"ExtenderArgs.NodeNames[{i}]")

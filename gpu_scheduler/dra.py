@@ -248,6 +248,7 @@ class ClassMatcher:
         """What the selectors can see of the device. An attribute or capacity whose
         name the expressions never spell cannot change their result, unless they walk
         a whole map (``size()``, ``exists``, ``in device.…``): then all of it counts."""
+
         def seen(values: Mapping[str, Mapping[str, Any]]) -> tuple[Any, ...]:
             return tuple(
                 sorted(

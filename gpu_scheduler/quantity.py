@@ -99,9 +99,7 @@ def _parse_text(text: str) -> Decimal:
         raise QuantityError(f"quantity of {len(text)} characters is longer than {MAX_LENGTH}")
     match = _SHAPE.fullmatch(text)
     if match is None:
-        raise QuantityError(
-            f"not a quantity: {clip(text)} (use e.g. 2, 500m, 40Gi, 80G or 1e3)"
-        )
+        raise QuantityError(f"not a quantity: {clip(text)} (use e.g. 2, 500m, 40Gi, 80G or 1e3)")
     negative = match["sign"] == "-"
     whole, fraction = match["int"], match["frac"] or ""
     suffix = match["suffix"]

@@ -29,6 +29,5 @@ def add_cert_reload_option(parser: argparse.ArgumentParser) -> None:
         "--cert-reload-interval",
         default="10s",
         metavar="DURATION",
-        help="how often a connection may check the certificate files for a change "
-        "(default 10s)",
+        help="how often a connection may check the certificate files for a change (default 10s)",
     )

@@ -68,6 +68,7 @@ def serve(
     With several workers, call :func:`metrics_dir_for` first (before anything
     imports prometheus_client) so that metrics are aggregated over the workers.
     """
+
     def address(number: int) -> str:
         return f"[{host}]:{number}" if ":" in host else f"{host}:{number}"
 

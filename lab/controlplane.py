@@ -57,8 +57,6 @@ CONTROLLERS = (
 REAL_NODE_CONTROLLERS = ("root-ca-cert-publisher", "endpointslice", "endpoint")
 
 
-
-
 BUILD_SCRIPT = ROOT / "tools" / "k8s" / "build.sh"
 
 

@@ -69,7 +69,6 @@ class Process:
         stop_group(self.popen, grace)
 
 
-
 def wait_url(
     url: str,
     timeout: float,

@@ -81,9 +81,7 @@ def parse_review(body: Any) -> Request:
         raise BadInput("AdmissionReview.request is missing or not an object")
     uid = req.get("uid")
     if not isinstance(uid, str) or not 0 < len(uid) <= MAX_UID:
-        raise BadInput(
-            f"AdmissionReview.request.uid must be a string of 1..{MAX_UID} characters"
-        )
+        raise BadInput(f"AdmissionReview.request.uid must be a string of 1..{MAX_UID} characters")
     kind = req.get("kind")
     return Request(
         uid=uid,

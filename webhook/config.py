@@ -151,9 +151,7 @@ def config_from_mapping(data: Mapping[str, Any] | None) -> WebhookConfig:
         kwargs["node_affinity"] = affinity.get("enabled", True)
         kwargs["platform"] = affinity.get("platform", "gfd")
         values = affinity.get("productValues") or {}
-        if not isinstance(values, Mapping) or not all(
-            isinstance(v, list) for v in values.values()
-        ):
+        if not isinstance(values, Mapping) or not all(isinstance(v, list) for v in values.values()):
             raise ConfigError("nodeAffinity.productValues must map products to lists")
         kwargs["product_values"] = {str(k): tuple(v) for k, v in values.items()}
     return WebhookConfig(**kwargs)

@@ -169,8 +169,10 @@ def _node_affinity(
     if not hard.any:
         return []
     wanted, skipped = affinity.constraints(hard, cfg.labels)
-    warnings += [clip_text(f"{WARNING_PREFIX}not written as node affinity: {s}", MAX_WARNING)
-                 for s in skipped]
+    warnings += [
+        clip_text(f"{WARNING_PREFIX}not written as node affinity: {s}", MAX_WARNING)
+        for s in skipped
+    ]
     merged = affinity.merge(spec, wanted)
     if merged.refused:
         return merged.refused

@@ -10,9 +10,10 @@ per-node step reads, or ``None`` when the policy has nothing to say about this p
 nodes that *may* fail, a superset the engine then asks ``filter`` about; None (the
 default) asks about every node. ``score_all`` scores all candidates at once
 (any floats, higher is better); the engine normalises each policy's scores to 0..10
-over the candidates before weighting them. The batch forms exist because the
-extender runs on kube-scheduler's hot path: one comprehension over 5,000 nodes costs
-a fraction of 5,000 method calls.
+over the candidates before weighting them. The batch forms read the candidates as
+columns (:class:`~extender.columns.Candidates`, numpy arrays over the known
+candidates) because the extender runs on kube-scheduler's hot path: a few array
+operations over 500 nodes cost a fraction of 500 Python-level steps.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
+from extender.columns import Candidates
 from extender.model import NodeFacts, PodFacts
 from extender.view import View
 
@@ -57,8 +61,8 @@ class Policy:
         return None
 
     def suspects(
-        self, state: Any, nodes: Sequence[NodeFacts], view: ClusterView
-    ) -> Sequence[int] | None:
+        self, state: Any, nodes: Candidates, view: ClusterView
+    ) -> Sequence[int] | np.ndarray | None:
         """The positions of the nodes that may fail (a superset), or None: ask
         ``filter`` about every node."""
         return None
@@ -66,5 +70,7 @@ class Policy:
     def pre_score(self, pod: PodFacts, view: ClusterView) -> Any | None:
         return None
 
-    def score_all(self, state: Any, nodes: Sequence[NodeFacts], view: ClusterView) -> list[float]:
+    def score_all(
+        self, state: Any, nodes: Candidates, view: ClusterView
+    ) -> np.ndarray | Sequence[float]:
         raise NotImplementedError(f"{self.name} returned a score state but scores nothing")

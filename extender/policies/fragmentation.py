@@ -17,20 +17,20 @@ Restricted shapes (``gpu-scheduler.io/gpu-products``) make a scarce product's GP
 fragmented for everyone else, so unrestricted pods are steered off it as demand
 restricted to it grows.
 
-Free GPUs, CPU and memory are the view's :data:`~extender.view.FreeState` per node,
-which the cache keeps current as pods come and go.
+Free GPUs, CPU and memory are each node's :data:`~extender.columns.FreeState`, which
+the cache keeps current as pods come and go, read as the candidates' columns.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from extender.model import NodeFacts, PodFacts
+import numpy as np
+
+from extender.columns import CPU, FREE, MODEL, RAM, Candidates, Codes, bound
+from extender.model import PodFacts
 from extender.policies.base import ClusterView, Policy
-from extender.view import FreeState, free_state
 from extender.workload import MixEntry
 
 
@@ -50,61 +50,59 @@ class FragmentationPolicy(Policy):
             return None
         return _State(pod.gpus, pod.cpu_milli, pod.ram_mib, view.mix)
 
-    def score_all(
-        self, state: _State, nodes: Sequence[NodeFacts], view: ClusterView
-    ) -> list[float]:
-        # Whether a shape fits depends on free CPU and memory only through where they
-        # fall among the shapes' own (gridded) sizes: key the memo by that position, so
-        # nodes in the same state share one evaluation.
-        cpu_levels = sorted({e.shape.cpu_milli for e in state.mix})
-        ram_levels = sorted({e.shape.ram_mib for e in state.mix})
-        # Per product, the shapes allowed on it: (gpus, cpu level, memory level, share).
-        allowed: dict[str | None, list[tuple[int, int, int, float]]] = {}
-        memo: dict[tuple[int, int, int, str | None], float] = {}
+    def score_all(self, state: _State, nodes: Candidates, view: ClusterView) -> np.ndarray:
+        cols = nodes.cols
+        free, cpu, ram, model = cols[FREE], cols[CPU], cols[RAM], cols[MODEL]
+        fragmented = _Fragmentation(state.mix, nodes.models)
+        return fragmented(
+            (free, cpu, ram, model),
+            (free - state.gpus, cpu - bound(state.cpu_milli), ram - bound(state.ram_mib), model),
+        )
 
-        def fragmented(free: int, cpu: int, ram: int, model: str | None) -> float:
-            if free <= 0:
-                return 0.0
-            key = (free, bisect_right(cpu_levels, cpu), bisect_right(ram_levels, ram), model)
-            value = memo.get(key)
-            if value is None:
-                shapes = allowed.get(model)
-                if shapes is None:
-                    shapes = allowed[model] = [
-                        (
-                            e.shape.gpus,
-                            bisect_left(cpu_levels, e.shape.cpu_milli),
-                            bisect_left(ram_levels, e.shape.ram_mib),
-                            e.share,
-                        )
-                        for e in state.mix
-                        if e.shape.products is None or model in e.shape.products
-                    ]
-                _, cpu_at, ram_at, _ = key
-                fits = sum(
-                    share for g, c, r, share in shapes if g <= free and c < cpu_at and r < ram_at
-                )
-                value = memo[key] = free * (1.0 - fits)
-            return value
 
-        # A node's score depends only on its state: nodes alike (the same type, the
-        # same use) share one evaluation. The cache keeps each node's state ready, so
-        # the hot loop does two dict lookups per node.
-        by_state: dict[FreeState, float] = {}
-        known = by_state.get
-        free_of = view.free.get
-        want, cpu_want, ram_want = state.gpus, state.cpu_milli, state.ram_mib
-        scores = []
-        append = scores.append
-        for node in nodes:
-            key = free_of(node.name)
-            if key is None:  # not in the cache's snapshot: its facts, no pods known
-                key = free_state(node, view.used.get(node.name, 0), 0, 0)
-            score = known(key)
-            if score is None:
-                free, cpu_free, ram_free, model = key
-                score = by_state[key] = fragmented(free, cpu_free, ram_free, model) - fragmented(
-                    free - want, cpu_free - cpu_want, ram_free - ram_want, model
-                )
-            append(score)
-        return scores
+class _Fragmentation:
+    """F(node) for the view's mix, over columns of free GPUs, CPU, memory and model.
+
+    Whether a shape fits depends on free CPU and memory only through where they fall
+    among the shapes' own (gridded) sizes, so nodes in the same (free GPUs, CPU level,
+    memory level, model) share one evaluation: the states are made unique first and
+    each is evaluated once against every shape, in the mix's order."""
+
+    def __init__(self, mix: tuple[MixEntry, ...], models: Codes) -> None:
+        shapes = [entry.shape for entry in mix]
+        self.cpu_levels = np.array(sorted({s.cpu_milli for s in shapes}), dtype=np.int64)
+        self.ram_levels = np.array(sorted({s.ram_mib for s in shapes}), dtype=np.int64)
+        column = (len(shapes), 1)
+        self.gpus = np.array([s.gpus for s in shapes], dtype=np.int64).reshape(column)
+        self.cpu_at = np.searchsorted(self.cpu_levels, [s.cpu_milli for s in shapes]).reshape(
+            column
+        )
+        self.ram_at = np.searchsorted(self.ram_levels, [s.ram_mib for s in shapes]).reshape(column)
+        self.share = np.array([entry.share for entry in mix]).reshape(column)
+        # allowed[shape, model code]: the shape may run on that model (none: only the
+        # shapes that accept any product)
+        self.allowed = np.ones((len(shapes), len(models.values)), dtype=bool)
+        for i, s in enumerate(shapes):
+            if s.products is not None:
+                self.allowed[i] = models.member(frozenset(s.products))
+        self.models = len(models.values)
+
+    def __call__(self, *states: tuple[np.ndarray, ...]) -> np.ndarray:
+        """F(before) - F(after) for two (free, cpu, ram, model) column sets."""
+        frees, cpus, rams, models = (np.concatenate(parts) for parts in zip(*states, strict=True))
+        frees = np.clip(frees, 0, None)  # no free GPUs: nothing to fragment
+        cpu_at = np.searchsorted(self.cpu_levels, cpus, side="right")
+        ram_at = np.searchsorted(self.ram_levels, rams, side="right")
+        key = (frees * (len(self.cpu_levels) + 1) + cpu_at) * (len(self.ram_levels) + 1) + ram_at
+        key = key * self.models + models
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        free = frees[first]
+        fits = self.gpus <= free
+        fits &= self.cpu_at < cpu_at[first]
+        fits &= self.ram_at < ram_at[first]
+        fits &= self.allowed[:, models[first]]
+        # The shares of the shapes that fit, added in the mix's order (axis 0).
+        fitting = np.where(fits, self.share, 0.0).sum(axis=0)
+        value = np.where(free > 0, free * (1.0 - fitting), 0.0)[inverse]
+        half = len(value) // 2
+        return value[:half] - value[half:]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
+
+from extender.columns import ALLOC, FREE, LABELLED, MEMORY, MODEL, Candidates
 from extender.model import NodeFacts, PodFacts
 from extender.policies.base import ClusterView, Failure, Policy
 from gpu_scheduler import contract
@@ -81,29 +84,23 @@ class GpuPolicy(Policy):
             )
         return None
 
-    def suspects(self, state: _State, nodes: Sequence[NodeFacts], view: ClusterView) -> list[int]:
-        want, used, products, least = (
-            state.gpus,
-            state.used.get,
-            state.products,
-            state.min_memory_mib,
-        )
-        return [
-            i
-            for i, n in enumerate(nodes)
-            if n.allocatable - used(n.name, 0) < want
-            or (products is not None and n.model not in products)
-            or (least is not None and (n.memory_mib is None or n.memory_mib < least))
-        ]
+    def suspects(self, state: _State, nodes: Candidates, view: ClusterView) -> np.ndarray:
+        cols = nodes.cols
+        bad = cols[FREE] < state.gpus
+        if state.products is not None:
+            bad |= ~nodes.models.member(state.products)[cols[MODEL]]
+        least = state.min_memory_mib
+        if least is not None:
+            bad |= cols[MEMORY] < max(least, 0)  # -1: no memory label
+        return np.flatnonzero(bad)
 
-    def score_all(
-        self, state: _State, nodes: Sequence[NodeFacts], view: ClusterView
-    ) -> list[float]:
-        want, used = state.gpus, state.used.get
+    def score_all(self, state: _State, nodes: Candidates, view: ClusterView) -> np.ndarray:
+        cols = nodes.cols
+        want = state.gpus
         if want == 0:
             # Keep GPU nodes for GPU work: a CPU pod prefers nodes without GPUs.
-            return [0.0 if n.allocatable > 0 or n.labelled_gpu else 1.0 for n in nodes]
+            return np.where((cols[ALLOC] > 0) | (cols[LABELLED] != 0), 0.0, 1.0)
         if state.spread:  # most GPUs left after placing
-            return [float(n.allocatable - used(n.name, 0) - want) for n in nodes]
+            return (cols[FREE] - want).astype(np.float64)
         # binpack: fewest GPUs left after placing
-        return [float(want + used(n.name, 0) - n.allocatable) for n in nodes]
+        return (want - cols[FREE]).astype(np.float64)

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
 from typing import ClassVar
 
+import numpy as np
+
 from extender import metrics
+from extender.columns import Candidates
 from extender.model import NodeFacts, PodFacts
 from extender.policies.base import ClusterView, Failure, Policy
 from gpu_scheduler import contract
@@ -81,15 +83,13 @@ class HeartbeatPolicy(Policy):
             True,
         )
 
-    def suspects(self, oldest: float, nodes: Sequence[NodeFacts], view: ClusterView) -> list[int]:
-        silent = [
-            i for i, n in enumerate(nodes) if n.heartbeat is not None and n.heartbeat < oldest
-        ]
-        if silent and not view.knows_usage:  # args mode: judge by the candidates
-            managed = sum(1 for n in nodes if n.heartbeat is not None)
+    def suspects(self, oldest: float, nodes: Candidates, view: ClusterView) -> np.ndarray:
+        silent = np.flatnonzero(nodes.beats < oldest)  # NaN (no Lease) is never less
+        if len(silent) and not view.knows_usage:  # args mode: judge by the candidates
+            managed = int(np.count_nonzero(~np.isnan(nodes.beats)))
             if _too_many(len(silent), managed):
                 self._guard("many-silent", (len(silent), managed))
-                return []
+                return silent[:0]
             self._guard(None, (len(silent), managed))
         return silent
 

@@ -13,10 +13,12 @@ restricted demand needs much of it (0.75: score 0.06) is left to those pods.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import ClassVar
 
-from extender.model import NodeFacts, PodFacts
+import numpy as np
+
+from extender.columns import MODEL, Candidates
+from extender.model import PodFacts
 from extender.policies.base import ClusterView, Policy
 
 
@@ -33,7 +35,7 @@ class ScarcityPolicy(Policy):
         return pressure if pressure and max(pressure.values()) > 0 else None
 
     def score_all(
-        self, pressure: dict[str, float], nodes: Sequence[NodeFacts], view: ClusterView
-    ) -> list[float]:
-        get = pressure.get
-        return [(1.0 - min(1.0, get(n.model, 0.0))) ** 2 if n.model else 1.0 for n in nodes]
+        self, pressure: dict[str, float], nodes: Candidates, view: ClusterView
+    ) -> np.ndarray:
+        scores = {model: (1.0 - min(1.0, value)) ** 2 for model, value in pressure.items()}
+        return nodes.models.lookup(scores, 1.0)[nodes.cols[MODEL]]

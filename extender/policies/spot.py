@@ -3,9 +3,11 @@ AKS: ``contract.SPOT_LABELS``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import ClassVar
 
+import numpy as np
+
+from extender.columns import SPOT, Candidates
 from extender.model import NodeFacts, PodFacts
 from extender.policies.base import ClusterView, Failure, Policy
 from gpu_scheduler import contract
@@ -40,11 +42,10 @@ class SpotPolicy(Policy):
             return IS_SPOT
         return None
 
-    def suspects(self, state: str, nodes: Sequence[NodeFacts], view: ClusterView) -> list[int]:
-        want_spot = state == "require"
-        return [i for i, n in enumerate(nodes) if (n.capacity_type == "spot") != want_spot]
+    def suspects(self, state: str, nodes: Candidates, view: ClusterView) -> np.ndarray:
+        want_spot = 1 if state == "require" else 0
+        return np.flatnonzero(nodes.cols[SPOT] != want_spot)
 
-    def score_all(self, state: str, nodes: Sequence[NodeFacts], view: ClusterView) -> list[float]:
+    def score_all(self, state: str, nodes: Candidates, view: ClusterView) -> np.ndarray:
         good = 1.0 if state == "prefer" else 0.0
-        bad = 1.0 - good
-        return [good if n.capacity_type == "spot" else bad for n in nodes]
+        return np.where(nodes.cols[SPOT] != 0, good, 1.0 - good)

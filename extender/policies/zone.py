@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import ClassVar
 
-from extender.model import NodeFacts, PodFacts
+import numpy as np
+
+from extender.columns import ZONE, Candidates
+from extender.model import PodFacts
 from extender.policies.base import ClusterView, Policy
 
 
@@ -22,7 +24,5 @@ class ZonePolicy(Policy):
         zones = view.group_zones(pod.namespace, pod.group)
         return zones or None
 
-    def score_all(
-        self, state: dict[str, int], nodes: Sequence[NodeFacts], view: ClusterView
-    ) -> list[float]:
-        return [float(state.get(n.zone, 0)) if n.zone else 0.0 for n in nodes]
+    def score_all(self, state: dict[str, int], nodes: Candidates, view: ClusterView) -> np.ndarray:
+        return nodes.zones.lookup(state, 0.0)[nodes.cols[ZONE]]

@@ -153,9 +153,7 @@ class Client:
             else:
                 self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
-            self.conn.request(
-                "POST", self.path, self.body, {"Content-Type": "application/json"}
-            )
+            self.conn.request("POST", self.path, self.body, {"Content-Type": "application/json"})
             response = self.conn.getresponse()
             response.read()
             if response.status != 200:
@@ -207,16 +205,32 @@ def serve_main(kind: str, worker: str, port: int, cert_dir: str | None) -> None:
     if kind == "extender":
         from extender.app import create_app
 
-        serve(create_app, host="127.0.0.1", port=port, workers=1, threads=4,
-              max_body=128 << 20, **options)
+        serve(
+            create_app,
+            host="127.0.0.1",
+            port=port,
+            workers=1,
+            threads=4,
+            max_body=128 << 20,
+            **options,
+        )
     else:
         from gpu_scheduler.tls import CertReloader
         from webhook.app import create_app
 
         reloader = CertReloader(cert_dir or "", 10)
-        serve(lambda: create_app(ready=reloader.ready), host="127.0.0.1", port=port, workers=2,
-              threads=4, max_body=8 << 20, certfile=reloader.cert_file,
-              keyfile=reloader.key_file, ssl_context=reloader.hook(), **options)
+        serve(
+            lambda: create_app(ready=reloader.ready),
+            host="127.0.0.1",
+            port=port,
+            workers=2,
+            threads=4,
+            max_body=8 << 20,
+            certfile=reloader.cert_file,
+            keyfile=reloader.key_file,
+            ssl_context=reloader.hook(),
+            **options,
+        )
 
 
 def main() -> int:
@@ -239,8 +253,9 @@ def main() -> int:
     if args.serve:
         serve_main(args.serve, args.worker, args.port, args.cert_dir)
         return 0
-    nodes = [make_node(f"n{i}", 8, product="NVIDIA-H100-80GB-HBM3", memory_mib=81559)
-             for i in range(20)]
+    nodes = [
+        make_node(f"n{i}", 8, product="NVIDIA-H100-80GB-HBM3", memory_mib=81559) for i in range(20)
+    ]
     bodies = {
         "extender": ("/filter", json.dumps({"Pod": make_pod(gpus=2), "Nodes": {"items": nodes}})),
         "webhook": ("/mutate", json.dumps(review_body())),
@@ -268,14 +283,18 @@ def main() -> int:
                         "fail": quiet1["fail"] + quiet2["fail"],
                     }
                     rows.append((kind, worker, quiet, crowded, crowd.opened))
-    print(f"| server | worker | p50 / p99 without (ms) | p50 / p99 / max with {args.slow} "
-          "slow (ms) | requests / failed with | p99 ratio | slow connections opened |")
+    print(
+        f"| server | worker | p50 / p99 without (ms) | p50 / p99 / max with {args.slow} "
+        "slow (ms) | requests / failed with | p99 ratio | slow connections opened |"
+    )
     print("|---|---|---|---|---:|---:|---:|")
     for kind, worker, quiet, crowded, opened in rows:
         ratio = crowded["p99"] / quiet["p99"] if quiet["p99"] else float("nan")
-        print(f"| {kind} | {worker} | {quiet['p50']:.2f} / {quiet['p99']:.2f} | "
-              f"{crowded['p50']:.2f} / {crowded['p99']:.2f} / {crowded['max']:.1f} | "
-              f"{crowded['n']} / {crowded['fail']} | {ratio:.2f} | {opened} |")
+        print(
+            f"| {kind} | {worker} | {quiet['p50']:.2f} / {quiet['p99']:.2f} | "
+            f"{crowded['p50']:.2f} / {crowded['p99']:.2f} / {crowded['max']:.1f} | "
+            f"{crowded['n']} / {crowded['fail']} | {ratio:.2f} | {opened} |"
+        )
     return 0
 
 

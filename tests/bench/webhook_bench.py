@@ -315,6 +315,7 @@ def main() -> int:
         wport, bport, oport = free_port(), free_port(), free_port()
         off_config = tmpdir / "affinity-off.yaml"
         off_config.write_text("nodeAffinity: {enabled: false}\n")
+
         def webhook(port: int, *extra: str) -> list[str]:
             return [
                 sys.executable,

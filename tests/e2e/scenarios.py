@@ -169,5 +169,3 @@ def scenario(
         cluster.stop_process(f"extender-{name}")
         if proxy is not None:
             proxy.stop()
-
-

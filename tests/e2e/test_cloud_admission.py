@@ -75,9 +75,7 @@ def test_every_pod_of_the_install_is_created(limited):
     with pytest.raises(ApiException) as refused:
         core.create_namespaced_pod("default", critical_pod("no-quota-here"))
     assert "insufficient quota to match these scopes" in refused.value.body
-    core.create_node(
-        node_object("gpu-1", labels={contract.LABEL_GPU_PRESENT: "true"}, gpus=8)
-    )
+    core.create_node(node_object("gpu-1", labels={contract.LABEL_GPU_PRESENT: "true"}, gpus=8))
     # The NVIDIA container toolkit (GPU Operator) installs it; the agent runs with it.
     runtime = {"metadata": {"name": "nvidia"}, "handler": "nvidia"}
     client.NodeV1Api(api).create_runtime_class(runtime)
@@ -85,7 +83,9 @@ def test_every_pod_of_the_install_is_created(limited):
 
     deployments = apps.list_namespaced_deployment(NAMESPACE).items
     assert {d.metadata.name for d in deployments} == {
-        "gpu-scheduler", "gpu-scheduler-extender", "gpu-scheduler-webhook"
+        "gpu-scheduler",
+        "gpu-scheduler-extender",
+        "gpu-scheduler-webhook",
     }
     wanted = sum(d.spec.replicas for d in deployments) + 1  # + the agent on gpu-1
 

@@ -147,8 +147,10 @@ def test_apiserver_restart_and_a_compacted_history(faults):
         cluster.respawn("kube-apiserver")
         s.proxy.reset()  # the frozen watches end; they resume from before the compaction
         wait_for(
-            lambda: s.metric('gpu_scheduler_extender_cache_relists_total{kind="pods",why="gone"')
-            > gone_before,
+            lambda: (
+                s.metric('gpu_scheduler_extender_cache_relists_total{kind="pods",why="gone"')
+                > gone_before
+            ),
             30,
             "a relist after 410 Gone",
         )

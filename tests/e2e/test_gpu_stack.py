@@ -51,8 +51,12 @@ def lab(tmp_path_factory, control_plane_binary):
 def play_kubelet_with_device_plugin(stack, node: str, gpus: int) -> None:
     """What the kubelet writes when the NVIDIA device plugin registers ``gpus``."""
     value = str(gpus)
-    patch = {"status": {"capacity": {contract.RESOURCE_GPU: value},
-                        "allocatable": {contract.RESOURCE_GPU: value}}}
+    patch = {
+        "status": {
+            "capacity": {contract.RESOURCE_GPU: value},
+            "allocatable": {contract.RESOURCE_GPU: value},
+        }
+    }
     core(stack).patch_node_status(node, patch, field_manager="kubelet")
 
 
@@ -92,17 +96,21 @@ def test_the_agent_leaves_gfd_labels_and_device_plugin_capacity_alone(lab):
 
 
 def test_capacity_on_still_defers_to_the_device_plugin(lab):
-    name = create_node(lab, "dp-node", case="dp", taints=GPU_TAINT,
-                       labels=gpu_labels(8, "NVIDIA-H100-80GB-HBM3", 81559))
-    play_kubelet_with_device_plugin(lab, name, 8)
-    agent = lab.start_agent(
-        name, FIXTURES / "h100x8-unhealthy.yaml", interval="1s", capacity=True
+    name = create_node(
+        lab,
+        "dp-node",
+        case="dp",
+        taints=GPU_TAINT,
+        labels=gpu_labels(8, "NVIDIA-H100-80GB-HBM3", 81559),
     )
+    play_kubelet_with_device_plugin(lab, name, 8)
+    agent = lab.start_agent(name, FIXTURES / "h100x8-unhealthy.yaml", interval="1s", capacity=True)
     wait_for(lambda: "not advertising" in agent.log_path.read_text(), 30, "the agent's decision")
     time.sleep(3)
     assert core(lab).read_node(name).status.capacity[contract.RESOURCE_GPU] == "8"  # not 7
-    assert not [e for e in owned_by(lab, name, "gpu-scheduler-agent")
-                if e.get("subresource") == "status"]
+    assert not [
+        e for e in owned_by(lab, name, "gpu-scheduler-agent") if e.get("subresource") == "status"
+    ]
     lab.cluster.stop_process(agent.name)
 
 
@@ -114,8 +122,14 @@ def dra_nodes(lab):
     create_gpu_device_class(lab)
     h100 = create_node(lab, "dra-h100", case="dra", taints=GPU_TAINT)
     l4 = create_node(lab, "dra-l4", case="dra", taints=GPU_TAINT)
-    a100 = create_node(lab, "dp-a100", case="dra", gpus=8, taints=GPU_TAINT,
-                       labels=gpu_labels(8, "NVIDIA-A100-SXM4-80GB", 81920))
+    a100 = create_node(
+        lab,
+        "dp-a100",
+        case="dra",
+        gpus=8,
+        taints=GPU_TAINT,
+        labels=gpu_labels(8, "NVIDIA-A100-SXM4-80GB", 81920),
+    )
     publish_slice(lab, h100, "NVIDIA H100 80GB HBM3", 81559, 8)
     publish_slice(lab, l4, "NVIDIA L4", 23034, 4)
     return {"h100": h100, "l4": l4, "a100": a100}

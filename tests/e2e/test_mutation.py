@@ -96,7 +96,11 @@ def test_decided_pods_keep_the_default_scheduler_while_the_extender_is_down(stac
     case = unique("decided")
     nodes = {
         create_node(
-            stack, unique(case), case=case, gpus=2, taints=GPU_TAINT,
+            stack,
+            unique(case),
+            case=case,
+            gpus=2,
+            taints=GPU_TAINT,
             labels=gpu_labels(2, "NVIDIA-L4", 23034),
         )
         for _ in range(2)
@@ -133,9 +137,7 @@ def test_decided_pods_keep_the_default_scheduler_while_the_extender_is_down(stac
         except TimeoutError as exc:
             raise AssertionError(f"{exc}: {seen()}") from None
         assert set(placed().values()) == {contract.DEFAULT_SCHEDULER}
-        pinned = create_pod(
-            stack, pod_manifest(unique("pinned"), 1, node_name=sorted(nodes)[0])
-        )
+        pinned = create_pod(stack, pod_manifest(unique("pinned"), 1, node_name=sorted(nodes)[0]))
         assert pinned["spec"]["schedulerName"] == contract.DEFAULT_SCHEDULER
         assert any(t.get("key") == contract.RESOURCE_GPU for t in pinned["spec"]["tolerations"])
         apps.delete_namespaced_daemon_set(name, "default")

@@ -62,7 +62,11 @@ def old(tmp_path_factory, control_plane_binary):
 
 def gpu_node(stack, case: str, gpus: int, model: tuple[str, int]) -> str:
     return create_node(
-        stack, unique(case), case=case, gpus=gpus, labels=gpu_labels(gpus, *model),
+        stack,
+        unique(case),
+        case=case,
+        gpus=gpus,
+        labels=gpu_labels(gpus, *model),
         taints=GPU_TAINT,
     )
 
@@ -101,6 +105,7 @@ def test_smoke_agent_labels_its_node(old):
     node = create_node(old, unique("agent-node"), case=case)
     agent = old.start_agent(node, FIXTURES / "l4x2.yaml", capacity=False)
     try:
+
         def labelled() -> bool:
             labels = core(old).read_node(node).metadata.labels or {}
             return labels.get(contract.LABEL_GPU_PRODUCT) == "NVIDIA-L4"
@@ -125,9 +130,10 @@ def test_smoke_a_dra_node_takes_a_gpu_pod(old):
     node = create_node(old, unique("dra-h100"), case=case, taints=GPU_TAINT, labels=labels)
     publish_slice(old, node, "NVIDIA H100 80GB HBM3", 81559, 4)
     wait_for(
-        lambda: "with DRA GPUs" in requests.get(
-            f"http://127.0.0.1:{old.extender_ops_port}/readyz", timeout=2
-        ).text,
+        lambda: (
+            "with DRA GPUs"
+            in requests.get(f"http://127.0.0.1:{old.extender_ops_port}/readyz", timeout=2).text
+        ),
         30,
         "the extender sees the DRA node",
     )
@@ -150,9 +156,7 @@ def test_a_newer_scheduler_never_places_a_pod_on_the_oldest_api_server(old, tmp_
     newest = tools_binary()
     assert newest is not None and newest != old.cluster.binary
     profile = "gpu-skewed"
-    config = scheduler_config(
-        old.extender_url, profile=profile, client_dir=old.pki / "scheduler"
-    )
+    config = scheduler_config(old.extender_url, profile=profile, client_dir=old.pki / "scheduler")
     config["clientConnection"] = {"kubeconfig": str(old.cluster.kubeconfig)}
     config["leaderElection"] = {"leaderElect": False}
     path = tmp_path / "skewed.yaml"
@@ -163,7 +167,9 @@ def test_a_newer_scheduler_never_places_a_pod_on_the_oldest_api_server(old, tmp_
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [str(newest), "kube-scheduler", f"--config={path}", "--secure-port=0", "-v=2"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         case = unique("skew")
@@ -205,9 +211,12 @@ def test_dra_off_leaves_extender_and_agent_working(tmp_path_factory, control_pla
         agent_node = create_node(stack, unique("agent"), case=case)
         agent = stack.start_agent(agent_node, FIXTURES / "l4x2.yaml", capacity=False)
         wait_for(
-            lambda: (core(stack).read_node(agent_node).metadata.labels or {}).get(
-                contract.LABEL_GPU_COUNT
-            ) == "2",
+            lambda: (
+                (core(stack).read_node(agent_node).metadata.labels or {}).get(
+                    contract.LABEL_GPU_COUNT
+                )
+                == "2"
+            ),
             60,
             "the agent's labels",
         )

@@ -147,8 +147,13 @@ def run(target: Target, seed: int, count: int, timeout: float = 30.0) -> Result:
     headers = {"Content-Type": "application/json"}
     # One valid request first: a fresh worker's first request pays for lazy imports
     # and its first TLS handshake, which is start-up cost, not a request's.
-    session.post(target.url, data=corpus(seed, 1, target.base)[0][1], headers=headers,
-                 timeout=timeout, verify=target.verify)
+    session.post(
+        target.url,
+        data=corpus(seed, 1, target.base)[0][1],
+        headers=headers,
+        timeout=timeout,
+        verify=target.verify,
+    )
     started = time.monotonic()
     by_class: dict[str, float] = defaultdict(float)
     for cls, body in corpus(seed, count, target.base):
@@ -173,8 +178,11 @@ def run(target: Target, seed: int, count: int, timeout: float = 30.0) -> Result:
     result.cpu_ms_by_class = dict(by_class)
     result.seconds = time.monotonic() - started
     final = session.post(
-        target.url, data=corpus(seed, 1, target.base)[0][1], headers=headers,
-        timeout=timeout, verify=target.verify,
+        target.url,
+        data=corpus(seed, 1, target.base)[0][1],
+        headers=headers,
+        timeout=timeout,
+        verify=target.verify,
     )
     result.final_ok = final.status_code == 200
     result.workers_after = worker_pids(target.master_pid)

@@ -107,7 +107,11 @@ def webhook(workdir: Path, workers: int = 2) -> Iterator[tuple[str, int, Path, s
     port = free_port()
     log = workdir / "webhook.log"
     cmd = [
-        *CLI, "webhook", "--host=127.0.0.1", f"--port={port}", f"--cert-dir={cert_dir}",
+        *CLI,
+        "webhook",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        f"--cert-dir={cert_dir}",
         f"--workers={workers}",
     ]
     ca = str(cert_dir / store.CA_CERT)

@@ -29,8 +29,9 @@ json_values = st.recursive(
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20)
     | st.sampled_from(HOSTILE_QUANTITIES),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=20,
 )
 

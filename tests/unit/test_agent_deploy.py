@@ -111,7 +111,9 @@ def test_agent_is_in_the_base() -> None:
     # admission policy); the namespaced objects name the install's namespace.
     assert "namespace" not in own
     namespaced = [
-        d for f in ("rbac.yaml", "daemonset.yaml") for d in docs(f)
+        d
+        for f in ("rbac.yaml", "daemonset.yaml")
+        for d in docs(f)
         if d["kind"] in ("ServiceAccount", "DaemonSet", "Role", "RoleBinding")
     ]
     assert len(namespaced) == 4

@@ -323,8 +323,15 @@ def test_labels_are_what_gfd_writes_for_the_same_gpus(fixture: str) -> None:
 def test_every_gpu_in_mig_mode_has_replicas_zero_as_gfd_writes() -> None:
     mig = (MigDevice(0, "MIG-1", "NVIDIA A100-SXM4-40GB MIG 7g.40gb", 40192),)
     gpus = tuple(
-        gpu(i, "NVIDIA A100-SXM4-40GB", 40960, "8.0", mig_capable=True, mig_enabled=True,
-            mig_devices=mig)
+        gpu(
+            i,
+            "NVIDIA A100-SXM4-40GB",
+            40960,
+            "8.0",
+            mig_capable=True,
+            mig_enabled=True,
+            mig_devices=mig,
+        )
         for i in range(2)
     )
     labels = desired_state(Inventory("550.54.15", "12.4", gpus)).labels
@@ -333,9 +340,10 @@ def test_every_gpu_in_mig_mode_has_replicas_zero_as_gfd_writes() -> None:
 
 def test_gpu_mode_follows_the_pci_class() -> None:
     vga = (gpu(0, "NVIDIA RTX 4000 Ada Generation", 20475, "8.9", pci_class="0x030000"),)
-    assert desired_state(Inventory("550.54.15", "12.4", vga)).labels[
-        contract.LABEL_GPU_MODE
-    ] == "graphics"
+    assert (
+        desired_state(Inventory("550.54.15", "12.4", vga)).labels[contract.LABEL_GPU_MODE]
+        == "graphics"
+    )
     mixed = (*vga, gpu(1, "NVIDIA L4", 23034, "8.9", pci_class="0x030200"))
     unknown = desired_state(Inventory("550.54.15", "12.4", mixed)).labels
     assert unknown[contract.LABEL_GPU_MODE] == "unknown"

@@ -164,8 +164,9 @@ def pem_certs(data: bytes) -> list[x509.Certificate]:
 def test_leaves_share_a_ca_dir_and_carry_the_bundle(tmp_path: Path) -> None:
     ca_dir = tmp_path / "ca"
     hook = store.generate(tmp_path / "webhook", IDENTITY, ca_dir=ca_dir)
-    client = store.generate(tmp_path / "sched", build.service_identity("sched", "ns"),
-                            ca_dir=ca_dir, client=True)
+    client = store.generate(
+        tmp_path / "sched", build.service_identity("sched", "ns"), ca_dir=ca_dir, client=True
+    )
     assert hook.action == client.action == "created"
     ca = build.load_cert((ca_dir / "ca.crt").read_bytes())
     for leaf in ("webhook", "sched"):
@@ -176,8 +177,7 @@ def test_leaves_share_a_ca_dir_and_carry_the_bundle(tmp_path: Path) -> None:
     eku = usage.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
     # asking for a serving pair where a client pair is: re-issued
-    again = store.generate(tmp_path / "sched", build.service_identity("sched", "ns"),
-                           ca_dir=ca_dir)
+    again = store.generate(tmp_path / "sched", build.service_identity("sched", "ns"), ca_dir=ca_dir)
     assert again.action == "renewed" and "serving pair is wanted" in again.reason
 
 

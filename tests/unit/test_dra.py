@@ -71,15 +71,23 @@ def claim(name: str, node: str, devices: list[str], extended: bool = True) -> di
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}",
-                     "annotations": annotations},
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": f"uid-{name}",
+            "annotations": annotations,
+        },
         "spec": {"devices": {"requests": [{"name": "container-0-request-0"}]}},
         "status": {
             "allocation": {
                 "devices": {
                     "results": [
-                        {"request": "container-0-request-0", "driver": "gpu.nvidia.com",
-                         "pool": node, "device": d}
+                        {
+                            "request": "container-0-request-0",
+                            "driver": "gpu.nvidia.com",
+                            "pool": node,
+                            "device": d,
+                        }
                         for d in devices
                     ]
                 }
@@ -184,7 +192,10 @@ def test_dra_nodes_get_their_gpus_from_the_slices_and_their_use_from_claims():
     view = dra_cache().view()
     h100, l4, dp = view.nodes["dra-h100"], view.nodes["dra-l4"], view.nodes["dp"]
     assert (h100.allocatable, h100.product, h100.memory_mib, h100.dra) == (
-        8, "NVIDIA-H100-80GB-HBM3", 81559, True
+        8,
+        "NVIDIA-H100-80GB-HBM3",
+        81559,
+        True,
     )
     assert (l4.allocatable, l4.product, l4.memory_mib) == (4, "NVIDIA-L4", 23034)
     assert (dp.allocatable, dp.dra) == (8, False)
@@ -215,8 +226,9 @@ def test_every_policy_works_on_dra_nodes_as_on_device_plugin_nodes():
     assert passed == ["dp", "dra-h100"]
     # a full DRA node may fit later
     cache.claim_event("ADDED", claim("c2", "dra-h100", ["gpu-3", "gpu-4", "gpu-5"]))
-    out = filter_nodes(pod_facts(make_pod(gpus=3)), names, cache.view().lookup(names),
-                       cache.view(), policies)
+    out = filter_nodes(
+        pod_facts(make_pod(gpus=3)), names, cache.view().lookup(names), cache.view(), policies
+    )
     assert out.failed["dra-h100"] == "2 of 8 GPUs free; pod requests 3"
 
 

@@ -60,8 +60,10 @@ def test_prioritize_args_mode_returns_host_priority_list(extender_url):
     assert body[0]["Score"] == body[1]["Score"]
     spot = [make_node("a", 8, capacity_type="SPOT", **H100), make_node("b", 2, **H100)]
     pod = make_pod(gpus=2, annotations={contract.ANN_SPOT: "prefer"})
-    scores = [h["Score"] for h in requests.post(
-        extender_url + "/prioritize", json=args_body(pod, spot)).json()]
+    scores = [
+        h["Score"]
+        for h in requests.post(extender_url + "/prioritize", json=args_body(pod, spot)).json()
+    ]
     assert scores[0] > scores[1]  # what the Node objects do say still scores
 
 

@@ -416,8 +416,9 @@ def test_cache_pressure_from_bound_pods_and_node_capacity():
 
 # --- shared GPUs (time-slicing, MPS) and MIG single, as GFD labels them ------------------
 def shared_node(name, gpus=8, replicas=4):
-    node = make_node(name, gpus * replicas, product="NVIDIA-H100-80GB-HBM3-SHARED",
-                     memory_mib=81559)
+    node = make_node(
+        name, gpus * replicas, product="NVIDIA-H100-80GB-HBM3-SHARED", memory_mib=81559
+    )
     node["metadata"]["labels"][contract.LABEL_GPU_REPLICAS] = str(replicas)
     node["metadata"]["labels"][contract.LABEL_GPU_SHARING_STRATEGY] = "time-slicing"
     node["metadata"]["labels"][contract.LABEL_GPU_COUNT] = str(gpus)

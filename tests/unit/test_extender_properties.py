@@ -206,8 +206,12 @@ def test_concurrent_readers_never_see_a_torn_state():
     import threading
 
     nodes = [make_node(f"n{i}", 8, zone="z") for i in range(20)]
-    pods = [make_pod(f"p{i}", 2, node=f"n{i % 20}", phase="Running",
-                     annotations={contract.ANN_GROUP: "g"}) for i in range(40)]
+    pods = [
+        make_pod(
+            f"p{i}", 2, node=f"n{i % 20}", phase="Running", annotations={contract.ANN_GROUP: "g"}
+        )
+        for i in range(40)
+    ]
     cache = ClusterCache()
     cache.replace_nodes(nodes)
     cache.replace_pods(pods)
@@ -267,12 +271,14 @@ def test_suspects_cover_every_node_that_filter_fails(data, nodes, pod):
     cache.replace_pods(data.draw(running_pods(names)))
     cache.replace_leases(data.draw(leases(names)))
     view = cache.view()
-    facts = [view.nodes[node_facts(n).name] for n in nodes]
+    batch = view.candidates([node_facts(n).name for n in nodes])
+    facts = [batch.facts(j) for j in range(batch.known)]
     pod_state = pod_facts(pod)
     for policy in build_policies(ExtenderConfig()):
         state = policy.pre_filter(pod_state, view)
-        if state is None or not hasattr(policy, "suspects"):
+        if state is None:
             continue
-        suspects = set(policy.suspects(state, facts, view))
+        suspects = policy.suspects(state, batch, view)
+        suspects = set(range(batch.known) if suspects is None else map(int, suspects))
         failing = {i for i, n in enumerate(facts) if policy.filter(state, n, view) is not None}
         assert failing <= suspects, policy.name

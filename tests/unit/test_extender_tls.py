@@ -21,8 +21,12 @@ def pki(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("pki")
     identity = build.service_identity("gpu-scheduler-extender", "ns", ["127.0.0.1"])
     store.generate(root / "extender", identity, ca_dir=root / "ca")
-    store.generate(root / "scheduler", build.service_identity("gpu-scheduler", "ns"),
-                   ca_dir=root / "ca", client=True)
+    store.generate(
+        root / "scheduler",
+        build.service_identity("gpu-scheduler", "ns"),
+        ca_dir=root / "ca",
+        client=True,
+    )
     # A client certificate from another CA: must not pass.
     store.generate(root / "stranger", build.service_identity("stranger", "ns"), client=True)
     return root
@@ -31,8 +35,11 @@ def pki(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(pki, tmp_path_factory):
     ops = free_port()
-    args = (f"--tls-cert-dir={pki / 'extender'}", f"--client-ca={pki / 'extender' / 'ca.crt'}",
-            f"--ops-port={ops}")
+    args = (
+        f"--tls-cert-dir={pki / 'extender'}",
+        f"--client-ca={pki / 'extender' / 'ca.crt'}",
+        f"--ops-port={ops}",
+    )
     with extender_args_mode(tmp_path_factory.mktemp("tls"), 1, *args) as (url, _pid, _log):
         yield url, f"http://127.0.0.1:{ops}"
 

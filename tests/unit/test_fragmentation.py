@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from extender.cache import ClusterCache
+from extender.columns import free_state
+from extender.engine import candidates_of
 from extender.model import NodeFacts, PodFacts
 from extender.policies.fragmentation import FragmentationPolicy
-from extender.view import View, free_state
+from extender.view import View
 from extender.workload import MAX_SHAPES, MixEntry, TaskShape, task_shape, workload_mix
 from gpu_scheduler import contract
 from tests.factories import make_node, make_pod
@@ -43,7 +45,7 @@ def scores(nodes, v, p=None):
     policy = FragmentationPolicy()
     state = policy.pre_score(p or pod(), v)
     assert state is not None
-    return policy.score_all(state, nodes, v)
+    return policy.score_all(state, candidates_of([n.name for n in nodes], nodes, v), v).tolist()
 
 
 def test_shapes_round_up_to_a_coarse_grid():

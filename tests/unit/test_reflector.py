@@ -34,8 +34,14 @@ def world():
     stop = threading.Event()
     resets: list[int] = []
     reflector = Reflector(
-        "nodes", api, {}, sink.replace, sink.apply, stop=stop,
-        reset_connections=lambda: resets.append(1), silence=0.5,
+        "nodes",
+        api,
+        {},
+        sink.replace,
+        sink.apply,
+        stop=stop,
+        reset_connections=lambda: resets.append(1),
+        silence=0.5,
     )
     yield api, sink, reflector, resets
     stop.set()
@@ -139,7 +145,8 @@ def test_a_list_is_handed_over_page_by_page(monkeypatch):
 
 def test_a_replace_that_stops_early_is_an_error():
     api = FakeListWatch([make_node(n) for n in "ab"])
-    reflector = Reflector("nodes", api, {}, lambda items: None, lambda *_: None,
-                          stop=threading.Event())
+    reflector = Reflector(
+        "nodes", api, {}, lambda items: None, lambda *_: None, stop=threading.Event()
+    )
     with pytest.raises(RuntimeError, match="did not read the list"):
         reflector._list("start")

@@ -20,7 +20,11 @@ def test_inventory_rows_for_whole_shared_mig_and_dra_nodes():
     cache.replace_nodes(
         [
             make_node(
-                "b", 8, product="NVIDIA-H100-80GB-HBM3", memory_mib=81559, zone="z",
+                "b",
+                8,
+                product="NVIDIA-H100-80GB-HBM3",
+                memory_mib=81559,
+                zone="z",
                 capacity_type="SPOT",
             ),
             make_node("a"),
@@ -31,8 +35,9 @@ def test_inventory_rows_for_whole_shared_mig_and_dra_nodes():
     )
     cache.replace_leases([make_lease("b", "2027-01-15T07:59:00.000000Z")])
     cache.replace_device_classes([device_class()])
-    cache.replace_slices([resource_slice("dra", [gpu_device(i, "NVIDIA L4", 23034)
-                                                  for i in range(4)])])
+    cache.replace_slices(
+        [resource_slice("dra", [gpu_device(i, "NVIDIA L4", 23034) for i in range(4)])]
+    )
     cache.replace_claims([claim("c", "dra", ["gpu-1"])])
     cache.replace_pods(
         [
@@ -46,10 +51,24 @@ def test_inventory_rows_for_whole_shared_mig_and_dra_nodes():
     rows = {row[0]: row for row in inventory_rows(cache.view(), NOW)}
     assert rows["a"] == ("a", "-", "-", "-", "0", "0", "0", "-", "-", "-")
     assert rows["b"] == (
-        "b", "NVIDIA-H100-80GB-HBM3", "81559 MiB", "whole", "8", "3", "5", "z", "spot", "60s ago"
+        "b",
+        "NVIDIA-H100-80GB-HBM3",
+        "81559 MiB",
+        "whole",
+        "8",
+        "3",
+        "5",
+        "z",
+        "spot",
+        "60s ago",
     )
     assert rows["ts"][1:7] == (
-        "NVIDIA-H100-80GB-HBM3-SHARED", "20389 MiB", "shared x4", "32", "5", "27"
+        "NVIDIA-H100-80GB-HBM3-SHARED",
+        "20389 MiB",
+        "shared x4",
+        "32",
+        "5",
+        "27",
     )
     assert rows["mig"][3:5] == ("MIG", "14")
     assert rows["dra"][1:7] == ("NVIDIA-L4", "23034 MiB", "DRA", "4", "1", "3")

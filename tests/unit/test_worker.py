@@ -168,7 +168,6 @@ def test_slow_tls_handshakes_do_not_hold_the_webhook(webhook_server_factory, cer
         ctx.wrap_socket(socket.create_connection(("127.0.0.1", server.port)), server_hostname="x")
 
 
-
 def test_a_big_body_nobody_reads_costs_little(extender_server):
     """gunicorn's unreader copies what it holds beyond each read: handing it a 4 MiB
     request in one piece, then draining the unread body 8 KiB at a time, cost 1.2 s of
