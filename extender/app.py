@@ -26,7 +26,7 @@ from extender import metrics, wire
 from extender.cache import ClusterCache
 from extender.columns import Candidates
 from extender.config import ExtenderConfig, load_config
-from extender.engine import FilterOutcome, candidates_of, filter_nodes, score_nodes
+from extender.engine import FilterOutcome, candidates_of, filter_nodes, score_array
 from extender.explain import Explainer, decision, only_fit
 from extender.model import PodFacts, node_facts, pod_facts
 from extender.policies import Policy, build_policies
@@ -71,7 +71,9 @@ class Decider:
         self.policies: list[Policy] = build_policies(cfg)
 
     def parse(self, payload: Any) -> _Request:
-        args = wire.parse_args(payload)
+        # In cluster mode a name the view knows is a node name: only the others are
+        # checked (wire.parse_args's check_names).
+        args = wire.parse_args(payload, check_names=self.cache is None)
         pod = pod_facts(args.pod, self.cfg.default_placement)
         view = self.cache.view() if self.cache is not None else args_view()
         if args.nodes is not None:
@@ -83,7 +85,10 @@ class Decider:
                 "nodeCacheCapable: false in the scheduler's extender config, or run "
                 "the extender with --node-source cluster"
             )
-        return _Request(args, pod, view.candidates(args.names), view)
+        batch = view.candidates(args.names)
+        if batch.where is not None:  # some are not known: are they node names at all?
+            wire.check_node_names(args.names)
+        return _Request(args, pod, batch, view)
 
     def filter(self, req: _Request) -> tuple[bytes, dict[str, Any]]:
         outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
@@ -125,9 +130,10 @@ class Decider:
         uid = _uid(req.args.pod)
         explain = self.explainer is not None and req.pod.gpus > 0 and uid is not None
         parts: dict[str, list[float]] | None = {} if explain else None
-        scores = score_nodes(
+        array = score_array(
             req.pod, req.nodes, req.view, self.policies, self.cfg, parts, req.args.names
         )
+        scores = array.tolist()
         if explain and self.explainer is not None and uid is not None and parts is not None:
             self.explainer.remember(
                 decision(
@@ -136,12 +142,12 @@ class Decider:
                     uid,
                     req.pod.gpus,
                     req.args.names,
-                    scores,
+                    array,
                     parts,
                     self.cfg.weights,
                 )
             )
-        best = scores.index(max(scores)) if scores else None
+        best = int(array.argmax()) if len(scores) else None
         body = orjson.dumps(wire.host_priorities(req.args.names, scores))
         return body, {
             "best": req.args.names[best] if best is not None else None,

@@ -17,8 +17,9 @@ methods of the policies, which word the reasons, still read :class:`NodeFacts`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -114,6 +115,16 @@ def row(facts: NodeFacts, free: FreeState, models: Codes, zones: Codes) -> list[
 
 def _beat(facts: NodeFacts) -> float:
     return np.nan if facts.heartbeat is None else facts.heartbeat
+
+
+def _slots(slots: Mapping[str, int], names: Sequence[str]) -> Iterable[int]:
+    """Each name's slot, 0 for a name not in ``slots`` (all found: looked up in C)."""
+    if len(names) > 1:
+        try:
+            return itemgetter(*names)(slots)  # type: ignore[no-any-return]
+        except KeyError:  # some unknown: look each up with a default
+            pass
+    return map(slots.get, names, repeat(0))
 
 
 class TableSnapshot:
@@ -252,14 +263,14 @@ class Candidates:
     @classmethod
     def from_view(cls, names: Sequence[str], table: TableSnapshot, nodes: Mapping[str, NodeFacts]):
         """From a view's table: one lookup per name, then one gather per call."""
-        slots = np.fromiter(map(table.slots.get, names, repeat(0)), np.intp, len(names))
-        cols = table.cols[:, slots]
-        beats = table.beats[slots]
+        slots = np.fromiter(_slots(table.slots, names), np.intp, len(names))
+        cols = table.cols.take(slots, axis=1)
+        beats = table.beats.take(slots)
         where = None
         ok = cols[OK]
         if not ok.all():
             where = np.flatnonzero(ok)
-            cols, beats = cols[:, where], beats[where]
+            cols, beats = cols.take(where, axis=1), beats.take(where)
         get = nodes.get
         return cls(names, where, cols, beats, table.models, table.zones, lambda i: get(names[i]))
 

@@ -106,6 +106,20 @@ def score_nodes(
     parts: dict[str, Sequence[float]] | None = None,
     names: Sequence[str] | None = None,
 ) -> list[int]:
+    """Integer scores 0..10, one per node (0 for unknown and unreadable nodes): the
+    list form of :func:`score_array`."""
+    return score_array(pod, nodes, view, policies, cfg, parts, names).tolist()
+
+
+def score_array(
+    pod: PodFacts,
+    nodes: Sequence[NodeFacts | None] | Candidates,
+    view: ClusterView,
+    policies: Sequence[Policy],
+    cfg: ExtenderConfig,
+    parts: dict[str, Sequence[float]] | None = None,
+    names: Sequence[str] | None = None,
+) -> np.ndarray:
     """Integer scores 0..10, one per node (0 for unknown and unreadable nodes).
 
     ``parts``, when given, receives each scoring policy's own 0..10 score per node
@@ -118,13 +132,13 @@ def score_nodes(
     else:
         batch, count = None, len(nodes)
     if pod.error is not None or count == 0:
-        return [0] * count
+        return np.zeros(count, dtype=np.int64)
     if batch is None:
         if names is None:
             names = [n.name if n is not None else "" for n in nodes]  # type: ignore[union-attr]
         batch = candidates_of(names, nodes, view)
     if batch.known == 0:
-        return [0] * count
+        return np.zeros(count, dtype=np.int64)
     totals = np.zeros(batch.known)
     weight_sum = 0
     for policy in policies:
@@ -146,15 +160,16 @@ def score_nodes(
         if parts is not None:
             parts[policy.name] = part
     if weight_sum == 0:
-        return [0] * count
+        return np.zeros(count, dtype=np.int64)
     # Half up (truncating, as int() does), then clamp: floating error must never step
     # outside 0..10.
-    scores = np.clip((totals * (1.0 / weight_sum) + 0.5).astype(np.int64), 0, MAX_SCORE)
+    scores = (totals * (1.0 / weight_sum) + 0.5).astype(np.int64)
+    scores = np.minimum(np.maximum(scores, 0), MAX_SCORE)
     if batch.where is None:
-        return scores.tolist()
+        return scores
     out = np.zeros(count, dtype=np.int64)
     out[batch.where] = scores
-    return out.tolist()
+    return out
 
 
 class _Normalised(Sequence[float]):

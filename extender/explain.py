@@ -26,10 +26,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from heapq import nsmallest
-from itertools import count
-from operator import neg
 from typing import Any
+
+import numpy as np
 
 from extender import metrics
 from gpu_scheduler.textclip import clip_text as clip
@@ -76,19 +75,37 @@ def decision(
     weights: Mapping[str, int],
     keep: int = TOP,
 ) -> Decision:
-    """What one prioritize call decided: the ``keep`` best candidates, best first
-    (ties by name), each with every scoring policy's 0..10 part."""
-    # This runs on every prioritize call, over up to every node of the cluster: the
-    # (negated score, name, position) tuples are made in C and only ``keep`` kept.
-    order = [i for _, _, i in nsmallest(keep, zip(map(neg, scores), names, count()))]
+    """What one prioritize call decided: the ``keep`` best candidates (:func:`best`),
+    each with every scoring policy's 0..10 part."""
+    order = best(names, scores, keep)
     top = tuple(
         Candidate(
-            names[i], scores[i], tuple((policy, values[i]) for policy, values in parts.items())
+            names[i], int(scores[i]), tuple((policy, values[i]) for policy, values in parts.items())
         )
         for i in order
     )
     used = tuple((p, weights.get(p, 0)) for p in parts)
     return Decision(namespace, name, uid, gpus, len(names), top, used)
+
+
+def best(names: Sequence[str], scores: Sequence[int], keep: int) -> list[int]:
+    """The positions of the ``keep`` highest scores, best first, then by name.
+
+    Where more candidates tie at the lowest score kept than there is room for, the
+    first of them in kube-scheduler's order are kept (it breaks such ties at random
+    itself). This runs on every prioritize call, over up to every node of the
+    cluster: the ``keep``-th highest score is found in numpy, and only the ``keep``
+    chosen are ordered in Python."""
+    values = np.asarray(scores)
+    if keep <= 0:
+        return []
+    chosen: list[int] = list(range(len(values)))
+    if len(values) > keep:
+        floor = np.partition(values, len(values) - keep)[len(values) - keep]
+        above = np.flatnonzero(values > floor).tolist()  # fewer than keep
+        tied = np.flatnonzero(values == floor)[: keep - len(above)].tolist()
+        chosen = above + tied
+    return sorted(chosen, key=lambda i: (-int(values[i]), names[i]))
 
 
 def only_fit(

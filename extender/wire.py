@@ -39,10 +39,15 @@ class ExtenderArgs:
     names: list[str]
 
 
-def parse_args(payload: Any) -> ExtenderArgs:
+def parse_args(payload: Any, check_names: bool = True) -> ExtenderArgs:
     """The envelope: ``Pod`` an object, and ``Nodes.items`` objects or ``NodeNames``
     strings, each with a node name. Anything else is :class:`BadInput` (HTTP 400);
-    what is inside the Pod and the Node objects is the policies' to judge."""
+    what is inside the Pod and the Node objects is the policies' to judge.
+
+    ``check_names`` False leaves the elements of ``NodeNames`` unchecked (they are
+    only known to be distinct): for a caller that looks them up among names it knows
+    to be node names, and passes those it does not find to :func:`check_names`. At
+    5,000 candidates that saves most of a millisecond a call."""
     if not isinstance(payload, dict):
         raise BadInput(f"ExtenderArgs must be a JSON object, not {type_name(payload)}")
     pod = _field(payload, "Pod")
@@ -69,17 +74,28 @@ def parse_args(payload: Any) -> ExtenderArgs:
     if names_field is not None:
         if not isinstance(names_field, list):
             raise BadInput(f"ExtenderArgs.NodeNames must be an array, not {type_name(names_field)}")
-        if not _all_node_names(names_field):  # the common case checked in C; else say where
-            for i, name in enumerate(names_field):
-                _node_name(name, f"ExtenderArgs.NodeNames[{i}]")
+        if check_names:
+            check_node_names(names_field)
         _unique(names_field, "ExtenderArgs.NodeNames")
         return ExtenderArgs(pod, None, names_field)
     raise BadInput("ExtenderArgs carries neither Nodes nor NodeNames")
 
 
+def check_node_names(names: list[Any]) -> None:
+    """Every element of ``NodeNames`` a node name, else :class:`BadInput` saying where."""
+    if not _all_node_names(names):  # the common case checked in C; else say where
+        for i, name in enumerate(names):
+            _node_name(name, f"ExtenderArgs.NodeNames[{i}]")
+
+
 def _unique(names: list[str], path: str) -> None:
     """Each candidate is answered exactly once, so each may be asked about once."""
-    if len(set(names)) != len(names):
+    try:
+        distinct = len(set(names))
+    except TypeError:  # an element that cannot even be hashed is no name
+        check_node_names(names)
+        raise
+    if distinct != len(names):
         seen: set[str] = set()
         for i, name in enumerate(names):
             if name in seen:

@@ -60,13 +60,18 @@ class FragmentationPolicy(Policy):
         )
 
 
+#: Up to this many (state, shape) pairs are evaluated directly; above, the distinct
+#: states are found first (a sort), which costs more than it saves on small calls.
+DIRECT = 1 << 15
+
+
 class _Fragmentation:
     """F(node) for the view's mix, over columns of free GPUs, CPU, memory and model.
 
     Whether a shape fits depends on free CPU and memory only through where they fall
     among the shapes' own (gridded) sizes, so nodes in the same (free GPUs, CPU level,
-    memory level, model) share one evaluation: the states are made unique first and
-    each is evaluated once against every shape, in the mix's order."""
+    memory level, model) share one evaluation: on large calls the states are made
+    unique first and each is evaluated once against every shape, in the mix's order."""
 
     def __init__(self, mix: tuple[MixEntry, ...], models: Codes) -> None:
         shapes = [entry.shape for entry in mix]
@@ -90,19 +95,27 @@ class _Fragmentation:
     def __call__(self, *states: tuple[np.ndarray, ...]) -> np.ndarray:
         """F(before) - F(after) for two (free, cpu, ram, model) column sets."""
         frees, cpus, rams, models = (np.concatenate(parts) for parts in zip(*states, strict=True))
-        frees = np.clip(frees, 0, None)  # no free GPUs: nothing to fragment
+        frees = np.maximum(frees, 0)  # no free GPUs: nothing to fragment
         cpu_at = np.searchsorted(self.cpu_levels, cpus, side="right")
         ram_at = np.searchsorted(self.ram_levels, rams, side="right")
-        key = (frees * (len(self.cpu_levels) + 1) + cpu_at) * (len(self.ram_levels) + 1) + ram_at
-        key = key * self.models + models
-        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-        free = frees[first]
-        fits = self.gpus <= free
-        fits &= self.cpu_at < cpu_at[first]
-        fits &= self.ram_at < ram_at[first]
-        fits &= self.allowed[:, models[first]]
-        # The shares of the shapes that fit, added in the mix's order (axis 0).
-        fitting = np.where(fits, self.share, 0.0).sum(axis=0)
-        value = np.where(free > 0, free * (1.0 - fitting), 0.0)[inverse]
+        if len(frees) * len(self.share) <= DIRECT:
+            value = self._evaluate(frees, cpu_at, ram_at, models)
+        else:  # evaluate each distinct state once
+            key = (frees * (len(self.cpu_levels) + 1) + cpu_at) * (len(self.ram_levels) + 1)
+            key = (key + ram_at) * self.models + models
+            _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+            value = self._evaluate(frees[first], cpu_at[first], ram_at[first], models[first])
+            value = value[inverse]
         half = len(value) // 2
         return value[:half] - value[half:]
+
+    def _evaluate(
+        self, free: np.ndarray, cpu_at: np.ndarray, ram_at: np.ndarray, models: np.ndarray
+    ) -> np.ndarray:
+        fits = self.gpus <= free
+        fits &= self.cpu_at < cpu_at
+        fits &= self.ram_at < ram_at
+        fits &= self.allowed[:, models]
+        # The shares of the shapes that fit, added in the mix's order (axis 0).
+        fitting = np.where(fits, self.share, 0.0).sum(axis=0)
+        return np.where(free > 0, free * (1.0 - fitting), 0.0)

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from extender.explain import (
     REASON,
     Explainer,
+    best,
     decision,
     event_body,
     event_name,
@@ -158,3 +162,25 @@ def test_a_clear_winner_names_the_runner_up_and_where_it_lost():
     assert explain(d, "a").endswith("Runner-up b, score 6: lower on gpu 4 against 10")
     only = only_fit("ns", "p", "u", 1, "a", 1, {})
     assert explain(only, "a") == "1 GPU on a: the only node kube-scheduler's own filters left"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    scores=st.lists(st.integers(0, 10), max_size=60),
+    keep=st.integers(0, 70),
+    data=st.data(),
+)
+def test_best_is_the_top_scores_then_by_name(scores, keep, data):
+    """The explanation's best candidates (found in numpy) are the first ``keep`` of
+    all candidates by score, highest first, then in the order they came (a tie at
+    the edge keeps the first ones), shown by score then by name."""
+    names = data.draw(
+        st.lists(
+            st.text("abcxyz09-", min_size=1, max_size=6),
+            min_size=len(scores),
+            max_size=len(scores),
+            unique=True,
+        )
+    )
+    kept = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:keep]
+    assert best(names, scores, keep) == sorted(kept, key=lambda i: (-scores[i], names[i]))

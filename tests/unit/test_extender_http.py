@@ -289,3 +289,29 @@ def test_chunked_body_without_content_length(extender_url):
     )
     assert r.status_code == 200
     assert [n["metadata"]["name"] for n in r.json()["Nodes"]["items"]] == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("names", "needle"),
+    [
+        (["a", 1], "ExtenderArgs.NodeNames[1] must be a node name"),
+        (["a", ["b"]], "ExtenderArgs.NodeNames[1] must be a node name"),
+        (["a", {"b": 1}], "ExtenderArgs.NodeNames[1] must be a node name"),
+        (["a", ""], "ExtenderArgs.NodeNames[1] must be a node name"),
+        (["a", "x" * 254], "ExtenderArgs.NodeNames[1] must be a node name"),
+        (["a", True, "b"], "ExtenderArgs.NodeNames[1] must be a node name"),
+        (["a", "b", "a"], "ExtenderArgs.NodeNames[2] repeats the node name 'a'"),
+    ],
+)
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_cluster_mode_checks_the_names_its_cache_does_not_know(cluster_client, verb, names, needle):
+    """Cluster mode looks names up before checking them (a known one is a node name):
+    whatever it does not find is still checked, and a bad one is still a 400."""
+    client, _ = cluster_client
+    r = client.post(f"/{verb}", json=names_body(make_pod(gpus=1), names))
+    assert r.status_code == 400, r.get_data()
+    assert needle in r.get_json()["error"]
+    assert (
+        client.post(f"/{verb}", json=names_body(make_pod(gpus=1), ["a", "x" * 253])).status_code
+        == 200
+    )
