@@ -39,21 +39,10 @@ from gpu_scheduler import contract  # noqa: E402
 from lab.kubelet_shim import node_object  # noqa: E402
 from lab.processes import free_port  # noqa: E402
 from lab.stack import bare_stack, scheduler_config  # noqa: E402
-from tests.bench.extender_bench import BARE_APP  # noqa: E402
+from tests.bench.extender_bench import BARE_APP, BARE_ON_OUR_SERVER  # noqa: E402
 from tests.bench.trace_replay import NAMESPACE, clear_pods  # noqa: E402
 from tests.helpers import running  # noqa: E402
 
-# The bare echo app under the extender's own server (gpu_scheduler.serving: our
-# gunicorn worker, one worker, four threads, the same body limit), so the floor and
-# ours differ only in the decision.
-BARE_ON_OUR_SERVER = """
-if __name__ == "__main__":
-    import sys
-    from extender.config import ExtenderConfig
-    from gpu_scheduler.serving import serve
-    serve(lambda: app, host="127.0.0.1", port=int(sys.argv[1]), workers=1, threads=4,
-          max_body=ExtenderConfig().max_body_bytes)
-"""
 TAINT = {"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}
 VARIANTS = ("without", "bare", "ours", "ours-prio")
 SIZES = [1, 1, 2, 4, 1, 2, 8, 1]
@@ -201,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.start_extender()
         (work / "bare.py").write_text(BARE_APP + BARE_ON_OUR_SERVER)
         bare_port = free_port()
-        bare_cmd = [sys.executable, str(work / "bare.py"), str(bare_port)]
+        bare_cmd = [sys.executable, str(work / "bare.py"), str(bare_port), "4"]
         ours = f"http://127.0.0.1:{stack.extender_port}"
         runs: dict[str, list[float]] = {v: [] for v in variants}
         with running(bare_cmd, work / "bare.log", env={"PYTHONPATH": str(ROOT)}):

@@ -4,13 +4,17 @@
 
 Starts the local control plane, creates 5,000 Node objects (the cluster mode cache
 lists and watches them) and a few hundred bound GPU pods, then runs in one process:
-  - a bare Flask+gunicorn app that parses the same body and echoes every candidate
-    back in the same shape (the floor: HTTP + JSON both ways at the same sizes),
+  - a bare Flask app that parses the same body and echoes every candidate back in the
+    same shape (the floor: HTTP + JSON both ways at the same sizes), twice: on stock
+    gunicorn (gthread) and on the extender's own server (gpu_scheduler.serving, which
+    reads each request whole before a thread sees it: the slow-client defence), so
+    the second floor and ours differ only in the decision,
   - our extender, --node-source args (Node objects in every request),
   - our extender, --node-source cluster (node names; facts from its cache),
 and reports filter and prioritize latency p50/p99 for 100, 500 and 5,000 candidates,
-the args/cluster ratio, and the cache's memory per node at 5,000 nodes (tracemalloc
-over the same Node objects fed through the cache's own code).
+the args/cluster ratio, cluster mode's p50 over each floor's, and the cache's memory
+per node at 5,000 nodes (tracemalloc over the same Node objects fed through the
+cache's own code).
 """
 
 from __future__ import annotations
@@ -56,6 +60,17 @@ def prioritize():
     return Response(orjson.dumps([{"Host": n, "Score": 0} for n in names]),
                     mimetype="application/json")
 """
+# The same app under the extender's own server (gpu_scheduler.serving: our gunicorn
+# worker, the same body limit), so that floor and ours differ only in the decision.
+BARE_ON_OUR_SERVER = """
+if __name__ == "__main__":
+    import sys
+    from extender.config import ExtenderConfig
+    from gpu_scheduler.serving import serve
+    serve(lambda: app, host="127.0.0.1", port=int(sys.argv[1]), workers=1,
+          threads=int(sys.argv[2]), max_body=ExtenderConfig().max_body_bytes)
+"""
+FLOORS = ("bare (names)", "bare, our server")
 
 
 def cluster_nodes(count: int) -> list[dict]:
@@ -200,8 +215,13 @@ def main() -> int:
                 f"{time.monotonic() - started:.0f}s",
                 flush=True,
             )
-            (work / "bare.py").write_text(BARE_APP)
-            ports = {"bare": free_port(), "args": free_port(), "cluster": free_port()}
+            (work / "bare.py").write_text(BARE_APP + BARE_ON_OUR_SERVER)
+            ports = {
+                "bare": free_port(),
+                "bare-ours": free_port(),
+                "args": free_port(),
+                "cluster": free_port(),
+            }
             threads = f"--threads={opts.threads}"
             gunicorn = [sys.executable, "-m", "gunicorn", "--workers=1", threads]
             base = [*CLI, "extender", "--host=127.0.0.1", "--workers=1", threads]
@@ -215,6 +235,16 @@ def main() -> int:
                         "bare:app",
                     ],
                     work / "bare.log",
+                ),
+                running(
+                    [
+                        sys.executable,
+                        str(work / "bare.py"),
+                        str(ports["bare-ours"]),
+                        str(opts.threads),
+                    ],
+                    work / "bare-ours.log",
+                    env={"PYTHONPATH": str(ROOT)},
                 ),
                 running(
                     [*base, f"--port={ports['args']}", "--node-source=args"], work / "args.log"
@@ -244,6 +274,7 @@ def main() -> int:
                     calls = max(30, opts.calls // (10 if size >= 5000 else 1))
                     result = {
                         "bare (names)": measure(ports["bare"], by_names, calls),
+                        "bare, our server": measure(ports["bare-ours"], by_names, calls),
                         "args": measure(ports["args"], by_nodes, max(20, calls // 3)),
                         "cluster": measure(ports["cluster"], by_names, calls),
                     }
@@ -266,12 +297,22 @@ def main() -> int:
                 f"{r['filter_p99']:.2f} | {r['prio_p50']:.2f} | {r['prio_p99']:.2f} |"
             )
     print()
-    print("| candidates | args/cluster p50 (filter) | cluster/bare p99 (filter) |")
-    print("|---:|---:|---:|")
+    print(
+        "| candidates | args/cluster p50 (filter) | floor | cluster/floor p50 filter "
+        "| cluster/floor p50 prioritize | cluster/floor p99 filter |"
+    )
+    print("|---:|---:|---|---:|---:|---:|")
     for size, _, _, result in rows:
         ratio = result["args"]["filter_p50"] / result["cluster"]["filter_p50"]
-        floor = result["cluster"]["filter_p99"] / result["bare (names)"]["filter_p99"]
-        print(f"| {size} | {ratio:.1f}x | {floor:.2f}x |")
+        ours = result["cluster"]
+        for floor in FLOORS:
+            bare = result[floor]
+            filt, prio = (
+                ours["filter_p50"] / bare["filter_p50"],
+                ours["prio_p50"] / bare["prio_p50"],
+            )
+            tail = ours["filter_p99"] / bare["filter_p99"]
+            print(f"| {size} | {ratio:.1f}x | {floor} | {filt:.2f}x | {prio:.2f}x | {tail:.2f}x |")
     print()
     print(f"Cache memory per node at {opts.nodes} nodes (+{opts.pods} pods): {per_node:.0f} bytes")
     return 0
