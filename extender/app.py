@@ -14,6 +14,7 @@ in ``FailedAndUnresolvableNodes``. Nothing a client sends makes it answer 5xx.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ from gpu_scheduler.worker import CLIENT_CERT_KEY, TLS_KEY
 
 log = logging.getLogger("extender")
 
+#: The interpreter's thread switch interval in a cluster-mode worker (seconds).
+SWITCH_INTERVAL = 0.001
 NOT_SYNCED = "the extender's cluster cache has not synced yet, retry shortly: "
 UNECHOABLE = (
     "the Node object nests too deep for the extender to send it back "
@@ -264,11 +267,24 @@ def start_cluster_source(
 
     from gpu_scheduler.kube import api_client
 
+    # The watches and the Event writer are threads of the process that answers
+    # kube-scheduler. A request thread that wants the interpreter while one of them
+    # holds it waits up to the switch interval (5 ms by default, several times a
+    # whole decision): ask for it back after 1 ms.
+    sys.setswitchinterval(SWITCH_INTERVAL)
     api = api_client(kubeconfig)
     core = client.CoreV1Api(api)
-    explainer = Explainer(
-        lambda body: core.create_namespaced_event(body["metadata"]["namespace"], body)
-    ).start()
+
+    def post(body: dict[str, Any]) -> None:
+        # The answer is not read into the client's models (a V1Event costs more CPU to
+        # build than the request does to send), so this thread holds the GIL, which
+        # the request threads need, for less.
+        response = core.create_namespaced_event(
+            body["metadata"]["namespace"], body, _preload_content=False
+        )
+        response.drain_conn()  # read and dropped: the connection goes back to the pool
+
+    explainer = Explainer(post).start()
     cache = ClusterCache(on_bound=explainer.bound)
     cache.start(core, client.ResourceV1Api(api), client.CoordinationV1Api(api), heartbeat_namespace)
     return cache, explainer

@@ -25,7 +25,6 @@ list, an event, a bookmark, the clean end of a watch); its age is the age of the
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -34,6 +33,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from extender import metrics
+from gpu_scheduler.kube import decode_json
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class Reflector:
                     _request_timeout=(CONNECT_TIMEOUT, self.silence),
                     **self.params,
                 )
-                page = json.loads(response.data)
+                page = decode_json(response.data)
                 response.release_conn()
                 meta = page.get("metadata") or {}
                 items = page.get("items") or ()

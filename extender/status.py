@@ -12,10 +12,10 @@ it, and the servers must choose their metrics store before prometheus_client loa
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from gpu_scheduler.kube import decode_json
 from gpu_scheduler.table import render_table
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def inventory_rows(view: View, now: float) -> list[tuple[str, ...]]:
 
 def _items(call: Any, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
     response = call(*args, _preload_content=False, **kwargs)
-    return json.loads(response.data).get("items") or []
+    return decode_json(response.data).get("items") or []
 
 
 def cluster_status(api_client: Any, namespace: str = "gpu-scheduler") -> str:

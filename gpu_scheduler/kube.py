@@ -10,6 +10,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
+
 
 def json_pointer_token(key: str) -> str:
     """A key as a JSON-pointer segment (RFC 6901): ``nvidia.com/gpu`` -> ``nvidia.com~1gpu``."""
@@ -58,6 +60,17 @@ def is_timeout(exc: BaseException) -> bool:
     return False
 
 
+def decode_json(data: bytes | str) -> Any:
+    """An API server's JSON (a list page, a watch event) as plain Python objects:
+    orjson (a fifth of the stdlib's time on a watch event), or the stdlib for what
+    orjson refuses and the API server may still send (a lone surrogate escaped in a
+    string, a number beyond a double)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
 class Gone(Exception):
     """The watch's resourceVersion is too old (410 Gone): list again."""
 
@@ -99,7 +112,7 @@ def watch_events(
         for line in iter_resp_lines(response):
             if not line or line.isspace():
                 continue
-            event = json.loads(line)
+            event = decode_json(line)
             kind, obj = event.get("type"), event.get("object") or {}
             if kind == "ERROR":
                 if obj.get("code") == 410:

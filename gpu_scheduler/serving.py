@@ -42,6 +42,15 @@ def _post_worker_init(worker: Any) -> None:
     gc.freeze()
 
 
+def _heartbeat_dir() -> str | None:
+    """Where gunicorn's worker heartbeat file goes: /dev/shm (a tmpfs in every pod)
+    when it can be written. The worker touches that file on every turn of its loop,
+    and on a disk-backed /tmp (an emptyDir on the node's disk) a touch can wait on
+    the filesystem's journal: gunicorn's own documentation warns of it."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+
+
 def _child_exit(server: Any, worker: Any) -> None:
     from prometheus_client import multiprocess
 
@@ -89,6 +98,7 @@ def serve(
         "logger_class": "gunicorn.glogging.Logger",
         "child_exit": _child_exit if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else None,
         "post_worker_init": _post_worker_init,
+        "worker_tmp_dir": _heartbeat_dir(),
     }
     settings.update(options)
     log.info("serving", extra={"bind": settings["bind"], "workers": workers, "threads": threads})
