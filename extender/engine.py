@@ -195,6 +195,14 @@ class _Normalised(Sequence[float]):
     def __len__(self) -> int:
         return self._count
 
+    def pick(self, positions: Sequence[int]) -> list[float]:
+        """``[self[i] for i in positions]`` (positions in range), in one step."""
+        if self._at is not None:
+            return [self[i] for i in positions]
+        if self.unit is None:
+            return [float(MAX_SCORE)] * len(positions)
+        return ((self.raw[list(positions)] - self.low) * self.unit).tolist()
+
     def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(self._count))]

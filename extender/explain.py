@@ -78,11 +78,15 @@ def decision(
     """What one prioritize call decided: the ``keep`` best candidates (:func:`best`),
     each with every scoring policy's 0..10 part."""
     order = best(names, scores, keep)
+    # Each policy's parts for the kept candidates, read in one step where the engine's
+    # lazy parts allow it (``pick``) rather than one item at a time.
+    picked = [
+        (policy, values.pick(order) if hasattr(values, "pick") else [values[i] for i in order])
+        for policy, values in parts.items()
+    ]
     top = tuple(
-        Candidate(
-            names[i], int(scores[i]), tuple((policy, values[i]) for policy, values in parts.items())
-        )
-        for i in order
+        Candidate(names[i], int(scores[i]), tuple((policy, got[k]) for policy, got in picked))
+        for k, i in enumerate(order)
     )
     used = tuple((p, weights.get(p, 0)) for p in parts)
     return Decision(namespace, name, uid, gpus, len(names), top, used)

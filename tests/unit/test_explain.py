@@ -184,3 +184,30 @@ def test_best_is_the_top_scores_then_by_name(scores, keep, data):
     )
     kept = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:keep]
     assert best(names, scores, keep) == sorted(kept, key=lambda i: (-scores[i], names[i]))
+
+
+def test_the_engines_parts_are_read_as_plain_lists_are():
+    """decision() reads the engine's lazy parts in one step (``pick``): the same
+    figures as reading them one by one, known and unknown candidates alike."""
+    from extender.config import ExtenderConfig
+    from extender.engine import score_nodes
+    from extender.model import NodeFacts, PodFacts
+    from extender.policies import build_policies
+    from extender.view import View
+
+    nodes = [
+        NodeFacts(f"n{i}", 8, labelled_gpu=True, product=p, capacity_type=c, zone="z")
+        for i, (p, c) in enumerate([("A", "spot"), ("B", None), ("A", None), ("B", "spot")])
+    ]
+    view = View(nodes={n.name: n for n in nodes}, used={"n0": 6, "n2": 2}, knows_usage=True)
+    cfg = ExtenderConfig()
+    for candidates in (nodes, [*nodes[:2], None, *nodes[2:]]):
+        names = [n.name if n is not None else "gone" for n in candidates]
+        parts: dict = {}
+        pod = PodFacts("ns", "p", 2, spot="prefer")
+        scores = score_nodes(pod, candidates, view, build_policies(cfg), cfg, parts, names)
+        plain = {policy: list(values) for policy, values in parts.items()}
+        assert parts and any(len(set(v)) > 1 for v in plain.values())
+        fast = decision("ns", "p", "u", 2, names, scores, parts, cfg.weights, keep=3)
+        slow = decision("ns", "p", "u", 2, names, scores, plain, cfg.weights, keep=3)
+        assert fast == slow
