@@ -151,7 +151,7 @@ class Decider:
                 )
             )
         best = int(array.argmax()) if len(scores) else None
-        body = orjson.dumps(wire.host_priorities(req.args.names, scores))
+        body = wire.host_priorities_json(req.args.names, scores)
         return body, {
             "best": req.args.names[best] if best is not None else None,
             "top": scores[best] if best is not None else None,

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from extender.engine import FilterOutcome
 from extender.model import MAX_NAME
 from gpu_scheduler.http import BadInput
@@ -143,3 +145,30 @@ def error_result(message: str) -> dict[str, Any]:
 
 def host_priorities(names: Sequence[str], scores: Sequence[int]) -> list[dict[str, Any]]:
     return [{"Host": name, "Score": score} for name, score in zip(names, scores, strict=True)]
+
+
+#: ``","Score":N}`` for each score the engine can give (0..10).
+_SCORE_TAILS = [f'","Score":{score}}}' for score in range(11)]
+
+
+def host_priorities_json(names: Sequence[str], scores: Sequence[int]) -> bytes:
+    """``HostPriorityList`` as JSON bytes, in the order of ``names``.
+
+    At 5,000 candidates, a dict per candidate for orjson cost most of a prioritize
+    call (and fed the cyclic collector 5,000 objects a call). Node names need no JSON
+    escaping (an API server admits only DNS subdomains), so when every name is
+    printable ASCII without a quote or backslash, and every score an int in 0..10
+    (the engine's), the text is joined from strings instead; anything else goes
+    through orjson."""
+    joined = "".join(names)
+    plain = joined.isascii() and joined.isprintable() and '"' not in joined
+    plain = plain and "\\" not in joined
+    if not plain or (scores and not 0 <= min(scores) <= max(scores) <= 10):
+        return orjson.dumps(host_priorities(names, scores))
+    if not names:
+        return b"[]"
+    tails = _SCORE_TAILS
+    body = ',{"Host":"'.join(
+        [name + tails[score] for name, score in zip(names, scores, strict=True)]
+    )
+    return ('[{"Host":"' + body + "]").encode()
