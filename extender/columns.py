@@ -132,7 +132,7 @@ class TableSnapshot:
     ``cols[c, slot]``), each node's heartbeat (NaN: none), and name -> slot. Slot 0
     is a row of zeros that stands for an unknown node."""
 
-    __slots__ = ("beats", "cols", "models", "slots", "zones")
+    __slots__ = ("_last", "beats", "cols", "models", "slots", "zones")
 
     def __init__(
         self,
@@ -147,6 +147,18 @@ class TableSnapshot:
         self.slots = slots
         self.models = models
         self.zones = zones
+        self._last: tuple[Sequence[str], np.ndarray] = ((), np.zeros(0, np.intp))
+
+    def lookup(self, names: Sequence[str]) -> np.ndarray:
+        """The slot of each name (0: not known). kube-scheduler asks prioritize about
+        the names filter passed, in the same order: the last answer is kept, and a
+        list equal to the last one (compared in C) costs no lookup."""
+        last_names, last_slots = self._last
+        if names == last_names:
+            return last_slots
+        slots = np.fromiter(_slots(self.slots, names), np.intp, len(names))
+        self._last = (names, slots)
+        return slots
 
 
 class NodeTable:
@@ -263,7 +275,7 @@ class Candidates:
     @classmethod
     def from_view(cls, names: Sequence[str], table: TableSnapshot, nodes: Mapping[str, NodeFacts]):
         """From a view's table: one lookup per name, then one gather per call."""
-        slots = np.fromiter(_slots(table.slots, names), np.intp, len(names))
+        slots = table.lookup(names)
         cols = table.cols.take(slots, axis=1)
         beats = table.beats.take(slots)
         where = None

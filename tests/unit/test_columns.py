@@ -1,0 +1,91 @@
+"""extender.columns: the cache's rows per node, the snapshot a view holds, and one
+call's candidates gathered from it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from extender.columns import (
+    ALLOC,
+    FREE,
+    MODEL,
+    OK,
+    SPOT,
+    ZONE,
+    Candidates,
+    NodeTable,
+    free_state,
+)
+from extender.model import NodeFacts
+
+
+def facts(name, gpus=8, product="H100", spot=False, zone="z1", error=None):
+    return NodeFacts(
+        name,
+        gpus,
+        labelled_gpu=True,
+        product=product,
+        capacity_type="spot" if spot else None,
+        zone=zone,
+        cpu_milli=64000,
+        ram_mib=1 << 19,
+        error=error,
+    )
+
+
+def put(table, node, used=0):
+    table.put(node.name, node, free_state(node, used, 0, 0))
+
+
+def test_rows_follow_puts_removals_and_growth_and_a_snapshot_stays_as_it_was():
+    table = NodeTable(capacity=2)
+    nodes = [facts(f"n{i}", spot=i % 2 == 0, zone=f"z{i % 3}") for i in range(7)]
+    for node in nodes:  # past the initial capacity: the arrays grow
+        put(table, node)
+    before = table.snapshot()
+    put(table, nodes[3], used=5)
+    table.put("n4", None, None)
+    put(table, facts("n7", 4, product="L4"))  # reuses n4's slot
+    after = table.snapshot()
+    assert len(table) == 7 and before.slots.keys() != after.slots.keys()
+    old = Candidates.from_view(["n3", "n4"], before, {})
+    assert old.cols[FREE].tolist() == [8, 8] and old.where is None
+    new = Candidates.from_view(["n3", "n4", "n7", "n0"], after, {"n4": None})
+    assert new.cols[FREE].tolist() == [3, 4, 8] and new.where.tolist() == [0, 2, 3]
+    assert new.cols[ALLOC].tolist() == [8, 4, 8]
+    assert [new.models.values[c] for c in new.cols[MODEL]] == ["H100", "L4", "H100"]
+    assert new.cols[SPOT].tolist() == [0, 0, 1]
+    assert [new.zones.values[c] for c in new.cols[ZONE]] == ["z0", "z1", "z0"]
+    assert new.unknown() == 1 and new.missing(1) is None
+
+
+def test_an_unreadable_node_is_not_known_and_says_why():
+    table = NodeTable()
+    bad = facts("bad", error="the Node object is malformed: x")
+    put(table, bad)
+    put(table, facts("good"))
+    got = Candidates.from_view(["bad", "good"], table.snapshot(), {"bad": bad})
+    assert got.known == 1 and got.cols[OK].tolist() == [1]
+    assert got.missing(0).error.startswith("the Node object is malformed")
+    assert got.unknown() == 0  # known to the view, only unreadable
+
+
+def test_the_last_lookup_is_kept_for_an_equal_list_of_names():
+    table = NodeTable()
+    for name in ("a", "b", "c"):
+        put(table, facts(name))
+    snap = table.snapshot()
+    first = snap.lookup(["c", "a", "x"])
+    assert first.tolist() == [snap.slots["c"], snap.slots["a"], 0]
+    assert snap.lookup(["c", "a", "x"]) is first  # equal, not the same list
+    assert snap.lookup(["a", "c"]).tolist() == [snap.slots["a"], snap.slots["c"]]
+
+
+def test_candidates_from_facts_are_the_same_rows():
+    nodes = [facts("a", spot=True), None, facts("b", 2, product=None, zone=None)]
+    got = Candidates.from_facts(["a", "gone", "b"], nodes, {}, {"a": 3})
+    assert got.where.tolist() == [0, 2] and got.count == 3
+    assert got.cols[FREE].tolist() == [5, 2] and got.cols[SPOT].tolist() == [1, 0]
+    assert got.cols[MODEL].tolist()[1] == 0 and got.cols[ZONE].tolist()[1] == 0
+    assert np.isnan(got.beats).all()
+    assert got.facts(1).name == "b" and got.missing(1) is None
