@@ -132,6 +132,34 @@ def _alarms(path: Path, since: int) -> Counter[str]:
     return found
 
 
+#: A request that cost the server more CPU than this is sent again (twice) and the
+#: least it cost is kept. The worker's CPU includes its background threads (the
+#: extender's watches in cluster mode, the collector), which a request can coincide
+#: with; an input that is expensive to handle is expensive every time.
+RECHECK_CPU_MS = 20.0
+
+
+def _cpu_again(
+    session: requests.Session,
+    target: Target,
+    body: bytes,
+    headers: dict[str, str],
+    timeout: float,
+    pids: frozenset[int],
+) -> float:
+    least = float("inf")
+    for _ in range(2):
+        before = cpu_ns(pids)
+        try:
+            session.post(
+                target.url, data=body, headers=headers, timeout=timeout, verify=target.verify
+            )
+        except requests.RequestException:
+            return least
+        least = min(least, (cpu_ns(pids) - before) / 1e6)
+    return least
+
+
 def _session(target: Target) -> requests.Session:
     session = requests.Session()
     session.trust_env = False
@@ -168,6 +196,8 @@ def run(target: Target, seed: int, count: int, timeout: float = 30.0) -> Result:
             session = _session(target)
             continue
         spent = (cpu_ns(pids) - before) / 1e6
+        if spent > RECHECK_CPU_MS:
+            spent = min(spent, _cpu_again(session, target, body, headers, timeout, pids))
         result.count += 1
         result.statuses[cls][response.status_code] += 1
         if not response.headers.get("Content-Type", "").startswith("application/json"):
