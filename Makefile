@@ -66,7 +66,7 @@ test: $(STAMP) $(if $(HAVE_GO),controlplane controlplane-$(K8S_OLDEST)) $(if $(H
 	$(BIN)/pytest
 
 demo: $(STAMP) controlplane $(if $(HAVE_IMAGE_TOOLS),image)
-	$(BIN)/gpu-scheduler demo $(DEMO_ARGS)
+	$(BIN)/python -m lab $(DEMO_ARGS)
 
 bench: $(STAMP) controlplane
 	$(BIN)/python tests/bench/extender_bench.py

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -274,10 +274,6 @@ def key_pem(key: PrivateKey) -> bytes:
     )
 
 
-def load_cert(data: bytes) -> x509.Certificate:
-    return x509.load_pem_x509_certificate(data)
-
-
 def load_key(data: bytes) -> PrivateKey:
     key = serialization.load_pem_private_key(data, password=None)
     if not isinstance(key, ec.EllipticCurvePrivateKey):
@@ -303,22 +299,3 @@ def _is_dns_label(value: str) -> bool:
         and value[-1].isalnum()
         and all(c.isascii() and (c.isalnum() or c == "-") and not c.isupper() for c in value)
     )
-
-
-def describe(cert: x509.Certificate) -> dict[str, object]:
-    """A few facts for logs and the command's output."""
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        names: Sequence[str] = [
-            *san.get_values_for_type(x509.DNSName),
-            *map(str, san.get_values_for_type(x509.IPAddress)),
-        ]
-    except x509.ExtensionNotFound:
-        names = []
-    return {
-        "subject": cert.subject.rfc4514_string(),
-        "not_after": cert.not_valid_after_utc.isoformat(),
-        "not_after_ts": cert.not_valid_after_utc.timestamp(),
-        "sans": list(names),
-        "sha256": cert.fingerprint(hashes.SHA256()).hex(),
-    }

@@ -34,6 +34,7 @@ from pathlib import Path
 from cryptography.x509.oid import NameOID
 
 from certs import build
+from gpu_scheduler import certinfo
 
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
@@ -95,8 +96,8 @@ def generate(
     if cas != out:
         write_public(out / CA_CERT, trust_bundle(cas))
     if reason is None:
-        cert = build.load_cert((out / TLS_CERT).read_bytes())
-        return Outcome("kept", "valid pair present", True, build.describe(cert))
+        cert = certinfo.load_cert((out / TLS_CERT).read_bytes())
+        return Outcome("kept", "valid pair present", True, certinfo.describe(cert))
     key = build.new_key()
     cert = build.build_serving_cert(key, identity, ca_cert, ca_key, now, days, client=client)
     # Key first, then certificate: a reader that sees the new certificate also finds
@@ -104,7 +105,7 @@ def generate(
     write_private(out / TLS_KEY, build.key_pem(key))
     write_public(out / TLS_CERT, build.cert_pem(cert))
     action = "renewed" if existed else "created"
-    return Outcome(action, reason, ca is not None, build.describe(cert))
+    return Outcome(action, reason, ca is not None, certinfo.describe(cert))
 
 
 def trust_bundle(ca_dir: str | os.PathLike[str]) -> bytes:
@@ -116,7 +117,7 @@ def trust_bundle(ca_dir: str | os.PathLike[str]) -> bytes:
         path = cas / name
         if path.exists():
             data = path.read_bytes()
-            build.load_cert(data)  # never pass on something that is not a certificate
+            certinfo.load_cert(data)  # never pass on something that is not a certificate
             parts.append(data if data.endswith(b"\n") else data + b"\n")
     if not parts:
         raise FileNotFoundError(f"no {CA_CERT} in {cas}")
@@ -195,7 +196,7 @@ def _read_ca(
     out: Path, now: dt.datetime, *, strict: bool = True
 ) -> tuple[build.x509.Certificate, build.PrivateKey] | None:
     try:
-        cert = build.load_cert((out / CA_CERT).read_bytes())
+        cert = certinfo.load_cert((out / CA_CERT).read_bytes())
         key = build.load_key((out / CA_KEY).read_bytes())
     except (OSError, ValueError):
         return None
@@ -206,7 +207,7 @@ def _read_ca(
 
 def _ca_reason(out: Path, now: dt.datetime) -> str | None:
     try:
-        cert = build.load_cert((out / CA_CERT).read_bytes())
+        cert = certinfo.load_cert((out / CA_CERT).read_bytes())
         key = build.load_key((out / CA_KEY).read_bytes())
     except FileNotFoundError:
         return None
@@ -223,7 +224,7 @@ def _serving_problem(
     client: bool = False,
 ) -> str | None:
     try:
-        cert = build.load_cert((out / TLS_CERT).read_bytes())
+        cert = certinfo.load_cert((out / TLS_CERT).read_bytes())
         key = build.load_key((out / TLS_KEY).read_bytes())
     except FileNotFoundError:
         return "no pair"

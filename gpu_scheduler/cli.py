@@ -20,10 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "certs": ("certs.cli", "generate the webhook's CA and serving certificate"),
     "status": ("extender.status", "print the cluster's GPU inventory as the extender sees it"),
     "explain": ("extender.explain_cli", "why a GPU pod landed on its node (or has not yet)"),
-    # The lab's: present in a checkout, not in the image (the lab package is not shipped).
-    "demo": ("lab.demo", "run everything on a local control plane and place pods"),
 }
-OPTIONAL = frozenset({"lab.demo"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,12 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
-        try:
-            command = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if module in OPTIONAL and exc.name == module.split(".")[0]:
-                continue
-            raise
+        command = importlib.import_module(module)
         child = sub.add_parser(name, help=help_text, description=help_text)
         command.configure(child)
         child.set_defaults(_run=command.run)

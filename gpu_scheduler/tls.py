@@ -168,7 +168,7 @@ def _stat(path: str) -> tuple[int, int, int, int]:
 
 
 def _describe(cert_file: str) -> dict[str, object]:
-    from certs.build import describe, load_cert
+    from gpu_scheduler.certinfo import describe, load_cert
 
     with open(cert_file, "rb") as fh:
         return describe(load_cert(fh.read()))

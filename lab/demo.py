@@ -1,4 +1,4 @@
-"""``gpu-scheduler demo``: the whole product on a local control plane, in one command.
+"""``python -m lab`` (``make demo``): the whole product on a local control plane.
 
 Starts the control plane (built by ``make controlplane``), our extender, webhook and
 kube-scheduler profile, creates a handful of nodes whose GPUs our agent publishes from
@@ -292,16 +292,14 @@ def run(args: argparse.Namespace) -> int:
     from lab.controlplane import find_binary
 
     if find_binary() is None:
-        print(
-            "gpu-scheduler demo: no control-plane binary; run `make demo` (it builds one with Go)"
-        )
+        print("python -m lab: no control-plane binary; run `make demo` (it builds one with Go)")
         return 2
     if args.real_node:
         from lab.realnode import missing
 
         reason = missing()
         if reason:
-            print(f"gpu-scheduler demo --real-node: {reason}")
+            print(f"python -m lab --real-node: {reason}")
             return 2
     logging.getLogger().setLevel(logging.WARNING)
     workdir = (

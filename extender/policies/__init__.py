@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from extender.policies.base import ClusterView, Failure, Policy
 from extender.policies.fragmentation import FragmentationPolicy
@@ -17,13 +17,22 @@ from extender.policies.scarcity import ScarcityPolicy
 from extender.policies.spot import SpotPolicy
 from extender.policies.zone import ZonePolicy
 
-if TYPE_CHECKING:
-    from extender.config import ExtenderConfig
+
+class PolicySettings(Protocol):
+    """What building the policies reads from the extender's configuration
+    (``extender.config.ExtenderConfig`` has it; the configuration imports this
+    registry, so the registry names no configuration class)."""
+
+    @property
+    def disabled(self) -> frozenset[str]: ...
+
+    @property
+    def heartbeat_window_seconds(self) -> float: ...
 
 
 @dataclass(frozen=True)
 class Registration:
-    make: Callable[[ExtenderConfig], Policy]
+    make: Callable[[PolicySettings], Policy]
     #: Default weight of its score; None: it never scores (a filter only), and a weight
     #: for it in the configuration is an error.
     weight: int | None
@@ -42,8 +51,16 @@ REGISTRY: dict[str, Registration] = {
 }
 
 
-def build_policies(cfg: ExtenderConfig) -> list[Policy]:
+def build_policies(cfg: PolicySettings) -> list[Policy]:
     return [entry.make(cfg) for name, entry in REGISTRY.items() if name not in cfg.disabled]
 
 
-__all__ = ["REGISTRY", "ClusterView", "Failure", "Policy", "Registration", "build_policies"]
+__all__ = [
+    "REGISTRY",
+    "ClusterView",
+    "Failure",
+    "Policy",
+    "PolicySettings",
+    "Registration",
+    "build_policies",
+]

@@ -15,6 +15,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from certs import build, store
+from gpu_scheduler import certinfo
 from tests.helpers import CLI, ROOT
 from tests.unit.conftest import CERTS_NAMESPACE, CERTS_SERVICE, certs_generate
 
@@ -168,12 +169,12 @@ def test_leaves_share_a_ca_dir_and_carry_the_bundle(tmp_path: Path) -> None:
         tmp_path / "sched", build.service_identity("sched", "ns"), ca_dir=ca_dir, client=True
     )
     assert hook.action == client.action == "created"
-    ca = build.load_cert((ca_dir / "ca.crt").read_bytes())
+    ca = certinfo.load_cert((ca_dir / "ca.crt").read_bytes())
     for leaf in ("webhook", "sched"):
-        cert = build.load_cert((tmp_path / leaf / "tls.crt").read_bytes())
+        cert = certinfo.load_cert((tmp_path / leaf / "tls.crt").read_bytes())
         assert build.signed_by(cert, ca)
         assert (tmp_path / leaf / "ca.crt").read_bytes() == (ca_dir / "ca.crt").read_bytes()
-    usage = build.load_cert((tmp_path / "sched" / "tls.crt").read_bytes()).extensions
+    usage = certinfo.load_cert((tmp_path / "sched" / "tls.crt").read_bytes()).extensions
     eku = usage.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
     # asking for a serving pair where a client pair is: re-issued
@@ -184,8 +185,8 @@ def test_leaves_share_a_ca_dir_and_carry_the_bundle(tmp_path: Path) -> None:
 def test_ca_rollover_keeps_old_and_new_trusted_until_every_leaf_switched(tmp_path: Path):
     ca_dir, leaf = tmp_path / "ca", tmp_path / "webhook"
     store.generate(leaf, IDENTITY, ca_dir=ca_dir)
-    old_ca = build.load_cert((ca_dir / "ca.crt").read_bytes())
-    old_leaf = build.load_cert((leaf / "tls.crt").read_bytes())
+    old_ca = certinfo.load_cert((ca_dir / "ca.crt").read_bytes())
+    old_leaf = certinfo.load_cert((leaf / "tls.crt").read_bytes())
 
     store.rotate_ca(ca_dir, "begin")
     bundle = pem_certs(store.trust_bundle(ca_dir))
@@ -194,7 +195,7 @@ def test_ca_rollover_keeps_old_and_new_trusted_until_every_leaf_switched(tmp_pat
     assert len(pem_certs((leaf / "ca.crt").read_bytes())) == 2  # but the bundle moved
 
     store.rotate_ca(ca_dir, "switch")
-    new_ca = build.load_cert((ca_dir / "ca.crt").read_bytes())
+    new_ca = certinfo.load_cert((ca_dir / "ca.crt").read_bytes())
     assert new_ca != old_ca and build.signed_by(old_leaf, old_ca)
     trusted = pem_certs(store.trust_bundle(ca_dir))
     assert sorted(c.serial_number for c in trusted) == sorted(
@@ -202,7 +203,7 @@ def test_ca_rollover_keeps_old_and_new_trusted_until_every_leaf_switched(tmp_pat
     )
     renewed = store.generate(leaf, IDENTITY, ca_dir=ca_dir)
     assert renewed.action == "renewed" and "current CA" in renewed.reason
-    assert build.signed_by(build.load_cert((leaf / "tls.crt").read_bytes()), new_ca)
+    assert build.signed_by(certinfo.load_cert((leaf / "tls.crt").read_bytes()), new_ca)
 
     store.rotate_ca(ca_dir, "finish")
     assert pem_certs(store.trust_bundle(ca_dir)) == [new_ca]

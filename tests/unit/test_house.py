@@ -1,0 +1,92 @@
+"""The house rules, read from the source with ``ast``: the floor (``gpu_scheduler``)
+imports no component; the product never names the lab or the tests, not even as a
+string; and no module imports another that imports it back at load time (a
+``TYPE_CHECKING`` import counts: it is a circle a reader has to follow)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FLOOR = "gpu_scheduler"
+COMPONENTS = ("extender", "webhook", "agent", "certs")
+PRODUCT = (FLOOR, *COMPONENTS)
+LAB_NAME = re.compile(r"^(lab|tests)(\.|$)")
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PRODUCT:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def imports(path: Path, *, top_level_only: bool) -> set[str]:
+    """Modules ``path`` imports (``top_level_only``: those imported when it loads,
+    ``if TYPE_CHECKING:`` blocks included; not those inside functions)."""
+    tree = ast.parse(path.read_text())
+    nodes = ast.walk(tree) if not top_level_only else _load_time(tree.body)
+    out: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return out
+
+
+def _load_time(body: list[ast.stmt]):
+    for node in body:
+        yield node
+        if isinstance(node, ast.If | ast.Try):
+            blocks = [node.body, node.orelse]
+            if isinstance(node, ast.Try):
+                blocks += [h.body for h in node.handlers] + [node.finalbody]
+            for block in blocks:
+                yield from _load_time(block)
+
+
+def test_the_floor_imports_no_component():
+    for name, path in modules().items():
+        if name.split(".")[0] != FLOOR:
+            continue
+        above = {m for m in imports(path, top_level_only=False) if m.split(".")[0] in COMPONENTS}
+        assert not above, f"{name} imports {sorted(above)}"
+
+
+def test_the_product_never_names_the_lab_or_the_tests():
+    for name, path in modules().items():
+        tree = ast.parse(path.read_text())
+        named = {m for m in imports(path, top_level_only=False) if LAB_NAME.match(m)}
+        named |= {
+            node.value
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and LAB_NAME.match(node.value)
+        }
+        assert not named, f"{name} names {sorted(named)}"
+
+
+def test_no_module_imports_one_that_imports_it_back_at_load_time():
+    known = modules()
+    graph = {
+        name: {m for m in imports(path, top_level_only=True) if m in known and m != name}
+        for name, path in known.items()
+    }
+    for name, deps in graph.items():
+        for dep in deps:
+            seen, stack = set(), [dep]
+            while stack:
+                current = stack.pop()
+                if current == name:
+                    raise AssertionError(f"{name} -> {dep} -> ... -> {name}")
+                if current not in seen:
+                    seen.add(current)
+                    stack.extend(graph.get(current, ()))
