@@ -11,7 +11,9 @@ from lab import demo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab", description=demo.__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m lab", description="the whole product on a local control plane"
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     demo.configure(parser)
     args = parser.parse_args(argv)
