@@ -263,13 +263,15 @@ class ClusterCache:
     # --- applying what the API server says ----------------------------------------
     def _merged(self, name: str) -> NodeFacts | None:
         """The facts the policies see for a node: its Node's (or its DRA devices'),
-        with its agent's last heartbeat from the Lease named as the node."""
+        with its agent's last heartbeat from the Lease named as the node (a Lease
+        there makes the node agent-managed: its GPU health annotation counts)."""
         facts = self._gpu_facts(name)
         beat = self._leases.get(name)
-        if facts is None or facts.heartbeat == beat:
+        managed = name in self._leases
+        if facts is None or (facts.heartbeat == beat and facts.managed == managed):
             return facts
         facts = copy.copy(facts)  # the Node's own facts stay as they were read
-        facts.heartbeat = beat
+        facts.heartbeat, facts.managed = beat, managed
         return facts
 
     def _gpu_facts(self, name: str) -> NodeFacts | None:
@@ -290,6 +292,7 @@ class ClusterCache:
             capacity_type=base.capacity_type,
             zone=base.zone,
             dra=True,
+            health=base.health,
         )
 
     def _set_facts(self, name: str) -> None:

@@ -26,9 +26,10 @@ import numpy as np
 
 from extender.model import NodeFacts
 
-#: What a node has left for the next GPU pod: (free GPUs, free CPU millicores, free
-#: memory MiB, GPU model). CPU and memory count what its bound GPU pods request; a node
-#: with unknown allocatable CPU or memory is not limited by it (:data:`UNLIMITED`).
+#: What a node has left for the next GPU pod: (free GPUs of those it can give (see
+#: ``NodeFacts.usable``), free CPU millicores, free memory MiB, GPU model). CPU and
+#: memory count what its bound GPU pods request; a node with unknown allocatable CPU
+#: or memory is not limited by it (:data:`UNLIMITED`).
 FreeState = tuple[int, int, int, str | None]
 UNLIMITED = 1 << 62
 
@@ -36,7 +37,7 @@ UNLIMITED = 1 << 62
 def free_state(node: NodeFacts, used_gpus: int, cpu_used: int, ram_used: int) -> FreeState:
     cpu, ram = node.cpu_milli, node.ram_mib
     return (
-        node.allocatable - used_gpus,
+        node.usable - used_gpus,
         UNLIMITED if cpu is None else cpu - cpu_used,
         UNLIMITED if ram is None else ram - ram_used,
         node.model,

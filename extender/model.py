@@ -26,6 +26,8 @@ _intern = sys.intern
 MAX_NAME = 253
 #: More GPUs than any node has; bigger counts are clamped so arithmetic stays small.
 MAX_GPUS = 1 << 20
+#: In a product label, the part GFD's MIG single strategy adds (``…-MIG-1g.10gb``).
+MIG_PART = "-MIG-"
 
 
 class NodeFacts:
@@ -45,8 +47,10 @@ class NodeFacts:
         "cpu_milli",
         "dra",
         "error",
+        "health",
         "heartbeat",
         "labelled_gpu",
+        "managed",
         "memory_mib",
         "model",
         "name",
@@ -72,6 +76,8 @@ class NodeFacts:
         cpu_milli: int | None = None,
         ram_mib: int | None = None,
         error: str | None = None,
+        health: contract.GpuHealth | None = None,
+        managed: bool = False,
     ) -> None:
         self.name = name
         self.allocatable = allocatable
@@ -92,6 +98,29 @@ class NodeFacts:
         #: Why the Node object could not be read (a field of the wrong type): the
         #: node then fails every pod with this reason.
         self.error = error
+        #: What the agent's ``gpu-scheduler.io/gpus`` annotation says of the GPUs'
+        #: health (None: no annotation, or unreadable).
+        self.health = health
+        #: True when the node's agent holds its heartbeat Lease (cluster mode): only
+        #: then is ``health`` believed, so an annotation a departed agent left behind
+        #: never holds GPUs back.
+        self.managed = managed
+
+    @property
+    def usable(self) -> int:
+        """GPUs a pod can be given: ``allocatable``, and on an agent-managed node no
+        more than the agent reads healthy (the device plugin can still count a GPU
+        that has failed: its health checks off, or between an XID and its update)."""
+        health = self.health
+        if health is None or not self.managed:
+            return self.allocatable
+        return health.usable(self.allocatable)
+
+    @property
+    def unhealthy(self) -> tuple[str, ...]:
+        """The agent's unhealthy GPUs in words, where it is believed (see ``usable``)."""
+        health = self.health
+        return health.unhealthy if health is not None and self.managed else ()
 
     @property
     def has_gpus(self) -> bool:
@@ -151,17 +180,23 @@ def _node_facts(name: str, meta: Mapping[str, Any], node: Mapping[str, Any]) -> 
     replicas = _replicas(label(contract.LABEL_GPU_REPLICAS))
     memory = contract.node_gpu_memory_mib(labels)
     allocatable_map = object_at(status, "allocatable", "status.allocatable")
+    product = _opt_intern(label(contract.LABEL_GPU_PRODUCT))
+    annotations = object_at(meta, "annotations", "metadata.annotations")
+    health = contract.gpu_health(
+        annotations.get(contract.ANN_GPUS), replicas, bool(product and MIG_PART in product)
+    )
     return NodeFacts(
         name,
         min(allocatable, MAX_GPUS),
         labelled_gpu=present == "true" or contract.LABEL_GPU_COUNT in labels,
         memory_mib=memory // replicas if memory is not None else None,
-        product=_opt_intern(label(contract.LABEL_GPU_PRODUCT)),
+        product=product,
         capacity_type=contract.capacity_type(labels),
         zone=_opt_intern(label(contract.LABEL_ZONE)),
         replicas=replicas,
         cpu_milli=_milli(allocatable_map.get("cpu")),
         ram_mib=_mib(allocatable_map.get("memory")),
+        health=health,
     )
 
 

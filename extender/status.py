@@ -15,6 +15,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING, Any
 
+from extender.model import MIG_PART
 from gpu_scheduler.kube import decode_json
 from gpu_scheduler.table import render_table
 
@@ -28,6 +29,7 @@ COLUMNS = (
     "MEM/GPU",
     "KIND",
     "GPUS",
+    "HEALTHY",
     "USED",
     "FREE",
     "ZONE",
@@ -42,9 +44,15 @@ def kind(facts: NodeFacts) -> str:
         return "DRA"
     if facts.replicas > 1:
         return f"shared x{facts.replicas}"
-    if facts.product and "-MIG-" in facts.product:
+    if facts.product and MIG_PART in facts.product:
         return "MIG"
     return "whole" if facts.allocatable or facts.labelled_gpu else "-"
+
+
+def healthy(facts: NodeFacts) -> str:
+    """GPUs a pod can be given, where the node's agent says some are sick: ``7``; ``-``
+    where the agent reports none sick or does not manage the node."""
+    return str(facts.usable) if facts.unhealthy else "-"
 
 
 def age(beat: float | None, now: float) -> str:
@@ -62,17 +70,18 @@ def inventory_rows(view: View, now: float) -> list[tuple[str, ...]]:
     rows = []
     for name in sorted(view.nodes):
         facts = view.nodes[name]
-        total = facts.allocatable
         taken = view.used_gpus(name)
+        free = view.free.get(name)
         rows.append(
             (
                 name,
                 facts.product or "-",
                 f"{facts.memory_mib} MiB" if facts.memory_mib else "-",
                 kind(facts),
-                str(total),
+                str(facts.allocatable),
+                healthy(facts),
                 str(taken),
-                str(max(total - taken, 0)),
+                str(max(free[0] if free is not None else facts.usable - taken, 0)),
                 facts.zone or "-",
                 facts.capacity_type or "-",
                 age(facts.heartbeat, now),
@@ -119,9 +128,10 @@ def cluster_status(api_client: Any, namespace: str = "gpu-scheduler") -> str:
         if exc.status not in (403, 404):  # no DRA here, or not ours to read
             raise
     rows = inventory_rows(cache.view(), time.time())
-    total = sum(int(r[4]) for r in rows)
-    taken = sum(int(r[5]) for r in rows)
-    summary = f"{len(rows)} nodes, {total} GPUs allocatable, {taken} in use, {total - taken} free"
+    total, taken, free = (
+        sum(int(r[COLUMNS.index(column)]) for r in rows) for column in ("GPUS", "USED", "FREE")
+    )
+    summary = f"{len(rows)} nodes, {total} GPUs allocatable, {taken} in use, {free} free"
     return render_table(COLUMNS, rows) + "\n" + summary
 
 

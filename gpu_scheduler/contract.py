@@ -15,7 +15,7 @@ from typing import Any
 
 from gpu_scheduler.fields import FieldError, expect_object, key_path, list_at, object_at
 from gpu_scheduler.quantity import QuantityError, parse_quantity, type_name
-from gpu_scheduler.textclip import clip
+from gpu_scheduler.textclip import clip, clip_text
 
 _ZERO = Decimal(0)
 
@@ -119,6 +119,13 @@ ANN_GPUS = "gpu-scheduler.io/gpus"
 #: more; the agent still owns the key, to remove it from its node (docs/UPGRADING.md).
 ANN_LEGACY_HEARTBEAT = "gpu-scheduler.io/agent-heartbeat"
 AGENT_ANNOTATIONS: tuple[str, ...] = (ANN_GPUS, ANN_LEGACY_HEARTBEAT)
+#: Keys of each GPU's entry in ANN_GPUS (a JSON array ordered by index) that the
+#: extender reads: whether it is healthy, why not, its MIG devices.
+GPU_UUID, GPU_HEALTHY, GPU_REASON = "uuid", "healthy", "reason"
+GPU_XID, GPU_SINCE = "xid", "since"
+GPU_MIG_ENABLED, GPU_MIG_DEVICES = "migEnabled", "migDevices"
+#: An ANN_GPUS value longer than this is not read (a node has at most a few dozen GPUs).
+MAX_GPUS_ANNOTATION = 64 << 10
 
 # The agent's heartbeat: one coordination.k8s.io/v1 Lease per node, named as the node,
 # in the install's namespace, labelled LEASE_LABEL=LEASE_LABEL_VALUE, renewed by the
@@ -310,6 +317,87 @@ def product_label_value(name: str, *suffix: str) -> str:
     if len(model) > room:
         model = model[: max(room, 0)].rstrip("-._")
     return f"{model}{tail}" if model else tail.lstrip("-")
+
+
+class GpuHealth:
+    """What the agent's ANN_GPUS says of a node's GPUs, as the extender needs it: the
+    units of ``nvidia.com/gpu`` its GPUs make (``total``) and those of the healthy ones
+    (``healthy``; see :func:`gpu_health`), and each unhealthy GPU in words
+    (``GPU-… (XID 79; …; since …)``)."""
+
+    __slots__ = ("healthy", "total", "unhealthy")
+
+    def __init__(self, healthy: int, total: int, unhealthy: tuple[str, ...]) -> None:
+        self.healthy = healthy
+        self.total = total
+        self.unhealthy = unhealthy
+
+    def usable(self, allocatable: int) -> int:
+        """Of ``allocatable`` (what the device plugin advertises), the units a pod can
+        be given: all of them when the device plugin already left the sick GPUs out
+        (it advertises no more than the healthy ones); the healthy ones when it still
+        counts every GPU; and when it counts more than the GPUs make (sharing that
+        the labels do not say), its share of each sick GPU taken off."""
+        healthy, total = self.healthy, self.total
+        if allocatable <= healthy or total <= 0:
+            return allocatable
+        if allocatable > total:
+            return max(0, allocatable - (total - healthy) * (allocatable // total))
+        return healthy
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GpuHealth) and (self.healthy, self.total, self.unhealthy) == (
+            other.healthy,
+            other.total,
+            other.unhealthy,
+        )
+
+    def __repr__(self) -> str:
+        return f"GpuHealth({self.healthy}, {self.total}, {self.unhealthy!r})"
+
+
+def gpu_health(value: Any, replicas: int = 1, mig_single: bool = False) -> GpuHealth | None:
+    """The healthy units of ``nvidia.com/gpu`` on a node, from the agent's ANN_GPUS
+    value; None when there is no such annotation or it cannot be read (then nothing
+    is known, and nothing is held against the node).
+
+    A healthy GPU outside MIG mode counts ``replicas`` units (time-slicing or MPS
+    shares it that many ways); a healthy GPU in MIG mode counts its MIG devices under
+    GFD's single strategy (``mig_single``: they are ``nvidia.com/gpu`` then) and none
+    otherwise (under the mixed strategy they are other resources)."""
+    import json
+
+    if not isinstance(value, str) or not value or len(value) > MAX_GPUS_ANNOTATION:
+        return None
+    try:
+        gpus = json.loads(value)
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
+        return None
+    if not isinstance(gpus, list):
+        return None
+    healthy, total, unhealthy = 0, 0, []
+    for gpu in gpus:
+        if not isinstance(gpu, Mapping):
+            return None
+        mig = gpu.get(GPU_MIG_ENABLED) is True
+        devices = gpu.get(GPU_MIG_DEVICES)
+        if mig:
+            units = len(devices) if isinstance(devices, list) and mig_single else 0
+        else:
+            units = max(1, replicas)
+        total += units
+        if gpu.get(GPU_HEALTHY) is not False:
+            healthy += units
+            continue
+        words = [clip_text(str(gpu.get(GPU_UUID) or "unknown"), 64)]
+        details = [
+            f"XID {gpu[GPU_XID]}" if isinstance(gpu.get(GPU_XID), int) else "",
+            clip_text(str(gpu.get(GPU_REASON) or ""), 120),
+            f"since {clip_text(str(gpu[GPU_SINCE]), 32)}" if gpu.get(GPU_SINCE) else "",
+        ]
+        details = [d for d in details if d]
+        unhealthy.append(words[0] + (f" ({'; '.join(details)})" if details else ""))
+    return GpuHealth(healthy, total, tuple(unhealthy))
 
 
 def base_product(product: str) -> str:

@@ -77,10 +77,20 @@ class GpuPolicy(Policy):
                 )
         if node.allocatable < want:
             return Failure(f"node has {node.allocatable} GPUs in all; pod requests {want}", True)
-        free = node.allocatable - state.used.get(node.name, 0)
-        if free < want:
+        usable = node.usable
+        if usable < want:
+            # Unresolvable: preemption cannot heal a GPU. The agent's annotation
+            # changes when it recovers, and that Node update retries the pod.
             return Failure(
-                f"{max(free, 0)} of {node.allocatable} GPUs free; pod requests {want}", False
+                f"{usable} of {node.allocatable} GPUs healthy; pod requests {want}; "
+                f"unhealthy: {', '.join(node.unhealthy) or 'unknown'}",
+                True,
+            )
+        free = usable - state.used.get(node.name, 0)
+        if free < want:
+            sick = f" ({len(node.unhealthy)} unhealthy)" if usable < node.allocatable else ""
+            return Failure(
+                f"{max(free, 0)} of {usable} GPUs free{sick}; pod requests {want}", False
             )
         return None
 

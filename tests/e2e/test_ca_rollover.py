@@ -20,7 +20,8 @@ import requests
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from certs import build, store
+from certs import store
+from gpu_scheduler import certinfo
 from tests.e2e.kube import (
     core,
     create_node,
@@ -38,7 +39,7 @@ SETTLE_S = 3.0  # the lab's files are its Secret volumes: the servers check ever
 
 def _served(port: int):
     """The certificate a server on 127.0.0.1:``port`` presents now."""
-    return build.load_cert(ssl.get_server_certificate(("127.0.0.1", port)).encode())
+    return certinfo.load_cert(ssl.get_server_certificate(("127.0.0.1", port)).encode())
 
 
 def _probe_once(stack, admission: client.AdmissionregistrationV1Api, name: str) -> str | None:
@@ -130,12 +131,12 @@ def test_ca_rollover_refuses_no_gpu_pod(stack):
     assert len(created) >= 20 and probes[0] >= 50
     # The rollover happened: a new CA signs, the servers present leaves it signed, and
     # it alone is trusted now (each leaf's bundle, the webhook's caBundle).
-    new_ca = build.load_cert(ca_file.read_bytes())
+    new_ca = certinfo.load_cert(ca_file.read_bytes())
     assert ca_file.read_bytes() != old_ca
     for port in (stack.webhook_port, stack.extender_port):
         _served(port).verify_directly_issued_by(new_ca)
     for folder in ("webhook", "extender", "scheduler"):
-        build.load_cert(
+        certinfo.load_cert(
             (stack.pki / folder / store.TLS_CERT).read_bytes()
         ).verify_directly_issued_by(new_ca)
         assert _cas((stack.pki / folder / store.CA_CERT).read_bytes()) == 1, folder

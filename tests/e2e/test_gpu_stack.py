@@ -188,6 +188,6 @@ def test_dra_and_device_plugin_nodes_in_one_cluster(lab, dra_nodes):
         table = cluster_status(lab.api)
         cells = [re.split(r"\s{2,}", line) for line in table.splitlines()[1:-1]]
         rows = {row[0]: row for row in cells}
-        assert rows[h100][1:7] == ["NVIDIA-H100-80GB-HBM3", "81559 MiB", "DRA", "8", "8", "0"]
-        assert rows[l4][1:7] == ["NVIDIA-L4", "23034 MiB", "DRA", "4", "2", "2"]
-        assert rows[a100][3:7] == ["whole", "8", "1", "7"]
+        assert rows[h100][1:8] == ["NVIDIA-H100-80GB-HBM3", "81559 MiB", "DRA", "8", "-", "8", "0"]
+        assert rows[l4][1:8] == ["NVIDIA-L4", "23034 MiB", "DRA", "4", "-", "2", "2"]
+        assert rows[a100][3:8] == ["whole", "8", "-", "1", "7"]

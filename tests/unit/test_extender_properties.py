@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,16 +24,23 @@ def nodes(draw):
     for i in range(count):
         gpus = draw(st.sampled_from([0, 1, 2, 4, 8]))
         product = draw(st.sampled_from(PRODUCTS)) if gpus else None
-        out.append(
-            make_node(
-                f"n{i}",
-                gpus,
-                product=product,
-                memory_mib=MEMORY.get(product) if draw(st.booleans()) else None,
-                capacity_type=draw(st.sampled_from([None, "SPOT", "ON_DEMAND"])),
-                zone=draw(st.sampled_from([None, "a", "b"])),
-            )
+        node = make_node(
+            f"n{i}",
+            gpus,
+            product=product,
+            memory_mib=MEMORY.get(product) if draw(st.booleans()) else None,
+            capacity_type=draw(st.sampled_from([None, "SPOT", "ON_DEMAND"])),
+            zone=draw(st.sampled_from([None, "a", "b"])),
         )
+        if gpus and draw(st.booleans()):  # the agent's per-GPU health, some GPUs sick
+            sick = draw(st.lists(st.booleans(), min_size=gpus, max_size=gpus))
+            node["metadata"]["annotations"][contract.ANN_GPUS] = json.dumps(
+                [
+                    {"uuid": f"GPU-{i}-{g}", "healthy": not bad, "xid": 79}
+                    for g, bad in enumerate(sick)
+                ]
+            )
+        out.append(node)
     return out
 
 

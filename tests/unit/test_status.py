@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from extender.cache import ClusterCache
 from extender.status import COLUMNS, inventory_rows
 from gpu_scheduler import contract
@@ -33,6 +35,12 @@ def test_inventory_rows_for_whole_shared_mig_and_dra_nodes():
             make_node("dra"),
         ]
     )
+    sick = [{"uuid": f"GPU-{i}", "healthy": i != 5} for i in range(8)]
+    node_b = make_node(
+        "b", 8, product="NVIDIA-H100-80GB-HBM3", memory_mib=81559, zone="z", capacity_type="SPOT"
+    )
+    node_b["metadata"]["annotations"][contract.ANN_GPUS] = json.dumps(sick)
+    cache.node_event("MODIFIED", node_b)  # its agent: GPU-5 is sick
     cache.replace_leases([make_lease("b", "2027-01-15T07:59:00.000000Z")])
     cache.replace_device_classes([device_class()])
     cache.replace_slices(
@@ -49,29 +57,31 @@ def test_inventory_rows_for_whole_shared_mig_and_dra_nodes():
         ]
     )
     rows = {row[0]: row for row in inventory_rows(cache.view(), NOW)}
-    assert rows["a"] == ("a", "-", "-", "-", "0", "0", "0", "-", "-", "-")
+    assert rows["a"] == ("a", "-", "-", "-", "0", "-", "0", "0", "-", "-", "-")
     assert rows["b"] == (
         "b",
         "NVIDIA-H100-80GB-HBM3",
         "81559 MiB",
         "whole",
         "8",
+        "7",
         "3",
-        "5",
+        "4",
         "z",
         "spot",
         "60s ago",
     )
-    assert rows["ts"][1:7] == (
+    assert rows["ts"][1:8] == (
         "NVIDIA-H100-80GB-HBM3-SHARED",
         "20389 MiB",
         "shared x4",
         "32",
+        "-",
         "5",
         "27",
     )
     assert rows["mig"][3:5] == ("MIG", "14")
-    assert rows["dra"][1:7] == ("NVIDIA-L4", "23034 MiB", "DRA", "4", "1", "3")
+    assert rows["dra"][1:8] == ("NVIDIA-L4", "23034 MiB", "DRA", "4", "-", "1", "3")
     table = render_table(COLUMNS, list(rows.values())).splitlines()
     assert table[0].split() == list(COLUMNS) and len(table) == 6
 
