@@ -3,10 +3,12 @@
 
     .venv/bin/python tests/device/check_nvml.py
 
-Runs ``gpu-scheduler agent --once --dry-run`` (the NVML backend: no --fake-gpus, no
-cluster) and compares its labels, capacity and per-GPU annotation with
-``nvidia-smi --query-gpu=... --format=csv,noheader,nounits``. Prints each check and
-exits 1 on any mismatch, 2 if either command fails. Never part of ``make test``
+Runs ``gpu-scheduler agent --once --dry-run`` as shipped (the NVML backend: no
+--fake-gpus, no cluster; capacity is the device plugin's, so the agent writes none)
+and compares its labels and per-GPU annotation with ``nvidia-smi --query-gpu=...
+--format=csv,noheader,nounits``; then again with ``--capacity`` (the option for nodes
+without a device plugin) and checks the capacity it would write. Prints each check
+and exits 1 on any mismatch, 2 if either command fails. Never part of ``make test``
 (tests/device is outside pytest's testpaths).
 
 Overrides for trying the script itself without a GPU: ``AGENT_CMD`` (the agent command
@@ -61,7 +63,8 @@ def main() -> int:
     ]
     smi = os.environ.get("NVIDIA_SMI", "nvidia-smi")
     document = json.loads(run(agent_cmd))
-    labels, capacity = document["labels"], document["capacity"]
+    labels, shipped = document["labels"], document["capacity"]
+    capacity = json.loads(run([*agent_cmd, "--capacity"]))["capacity"]
     detail = json.loads(document["annotations"]["gpu-scheduler.io/gpus"])
     query = "index,uuid,name,memory.total,compute_cap,driver_version"
     rows = list(
@@ -122,9 +125,10 @@ def main() -> int:
             labels.get(P + "cuda.driver-version.revision"),
             driver[2],
         )
+    check("capacity as shipped (the device plugin's)", shipped, {})
     have = int(capacity.get("nvidia.com/gpu", "-1"))
     healthy = sum(1 for g in detail if g["healthy"] and not g["migEnabled"])
-    check("capacity nvidia.com/gpu (healthy, not MIG)", have, healthy)
+    check("capacity with --capacity: nvidia.com/gpu (healthy, not MIG)", have, healthy)
     check("capacity <= GPUs", have <= len(gpus), True)
     by_index = {g["index"]: g for g in detail}
     for g in gpus:
