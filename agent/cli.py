@@ -75,6 +75,36 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="write GPU Feature Discovery's nvidia.com/ label keys: auto (default) unless "
         "GFD labels the node (nvidia.com/gfd.timestamp), always, or never",
     )
+    parser.add_argument(
+        "--xid-ignore",
+        metavar="LIST",
+        help="XIDs that leave a GPU healthy (application errors), comma-separated; "
+        "replaces the default 13,31,43,45,68,109 (NVIDIA's device plugin's); '' ignores none",
+    )
+    parser.add_argument(
+        "--xid-critical",
+        metavar="LIST",
+        default="",
+        help="XIDs taken off the ignore list: they mark the GPU unhealthy",
+    )
+    parser.add_argument(
+        "--recovery",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a GPU an XID marked unhealthy is healthy again after --recovery-quiet-period "
+        "of good reads (default on; off: until the agent restarts, as the device plugin)",
+    )
+    parser.add_argument(
+        "--recovery-quiet-period",
+        default="10m",
+        help="good reads without a critical event before recovery (default 10m)",
+    )
+    parser.add_argument(
+        "--unhealthy-after",
+        default="5m",
+        help="/healthz answers 503 after this long without a good NVML read, so the "
+        "kubelet restarts the agent (a driver upgraded under it; default 5m)",
+    )
     parser.add_argument("--host", default="0.0.0.0", help="address for --port (default 0.0.0.0)")
     parser.add_argument(
         "--port",
@@ -93,6 +123,7 @@ def _fail(message: str, code: int = 2) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from agent.xid import XidPolicy
     from gpu_scheduler.durations import parse_duration
 
     try:
@@ -100,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
         heartbeat = parse_duration(args.heartbeat_interval)
         resync = parse_duration(args.resync_interval)
         timeout = parse_duration(args.request_timeout)
+        quiet = parse_duration(args.recovery_quiet_period)
+        unhealthy_after = parse_duration(args.unhealthy_after)
+        xid_policy = XidPolicy.configured(args.xid_ignore, args.xid_critical)
     except ValueError as exc:
         return _fail(str(exc))
     if min(interval, heartbeat, resync, timeout) <= 0:
@@ -132,6 +166,10 @@ def run(args: argparse.Namespace) -> int:
         pod=PodIdentity.from_values(args.pod_namespace, args.pod_name, args.pod_uid),
         manage_capacity=args.capacity,
         gfd_labels=args.gfd_labels,
+        xid_policy=xid_policy,
+        recover=args.recovery,
+        recovery_quiet_s=quiet,
+        unhealthy_after_s=unhealthy_after,
     )
     stop = threading.Event()
     if args.once:
@@ -206,7 +244,7 @@ def _run_forever(
     if args.port:
         from agent.server import start_ops_server
 
-        server = start_ops_server(args.host, args.port, agent.ready)
+        server = start_ops_server(args.host, args.port, agent.ready, agent.alive)
     log.info(
         "agent started",
         extra={

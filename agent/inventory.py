@@ -47,6 +47,10 @@ class Gpu:
     healthy: bool = True
     reason: str = ""  # why the GPU is unhealthy
     pci_class: str = ""  # "0x030200" (3D controller: compute), "0x030000" (VGA); "" unknown
+    #: The XID that made it unhealthy (agent.health); in a fake file's read, an XID the
+    #: GPU reports now (it happens again on every read while the file lists it).
+    xid: int | None = None
+    since: str = ""  # RFC 3339: unhealthy since (agent.health)
 
     @property
     def compute(self) -> tuple[int, int] | None:
@@ -84,9 +88,13 @@ _GPU_KEYS = {
     "migDevices",
     "healthy",
     "pciClass",
+    "xid",
 }
 _MIG_KEYS = {"name", "uuid", "memoryMiB"}
-_TOP_KEYS = {"driverVersion", "cudaDriverVersion", "gpus"}
+_TOP_KEYS = {"driverVersion", "cudaDriverVersion", "gpus", "driverMismatch"}
+#: What NVML says when the kernel module and the library in the container differ (a
+#: driver upgraded under a running agent); a fake file says it with driverMismatch.
+DRIVER_MISMATCH = "Driver/library version mismatch"
 
 
 class FakeBackend:
@@ -106,6 +114,10 @@ class FakeBackend:
             healthy: true            # optional, default true
             index: 0                 # optional, default: position in the list
             pciClass: "0x030200"     # optional, default 0x030200 (a compute GPU)
+            xid: 79                  # optional: the GPU reports this XID (on every read
+                                     # while listed; remove it and the GPU recovers
+                                     # after the agent's quiet period)
+        driverMismatch: false        # optional: NVML fails as after a driver upgrade
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -126,6 +138,8 @@ def parse_inventory(data: Any) -> Inventory:
     if not isinstance(data, Mapping):
         raise InventoryError("expected a mapping with driverVersion, cudaDriverVersion, gpus")
     _no_unknown_keys(data, _TOP_KEYS, "")
+    if _flag(data, "driverMismatch", "", False):
+        raise InventoryError(f"NVML could not be initialised ({DRIVER_MISMATCH}) [fake]")
     driver = _text(data, "driverVersion", "")
     if not DRIVER_VERSION.match(driver):
         raise InventoryError(f"driverVersion: {driver!r} is not like 550.54.15")
@@ -171,6 +185,9 @@ def _parse_gpu(item: Any, pos: int) -> Gpu:
     if mig_enabled and not mig_capable:
         raise InventoryError(f"{where}migEnabled is true but migCapable is false")
     healthy = _flag(item, "healthy", where, True)
+    xid = item.get("xid")
+    if xid is not None and not (_is_int(xid) and 0 < xid < 1 << 16):
+        raise InventoryError(f"{where}xid: expected an XID number (1..65535), got {xid!r}")
     pci_class = str(item.get("pciClass", "0x030200"))
     if not re.fullmatch(r"0x[0-9a-f]{6}", pci_class):
         raise InventoryError(f'{where}pciClass: {pci_class!r} is not like "0x030200"')
@@ -205,6 +222,7 @@ def _parse_gpu(item: Any, pos: int) -> Gpu:
         healthy=healthy,
         reason="" if healthy else "marked unhealthy in the fake GPU file",
         pci_class=pci_class,
+        xid=xid,
     )
 
 

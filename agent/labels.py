@@ -189,6 +189,11 @@ def _gpu_json(gpu: Gpu) -> dict[str, Any]:
         out["migDevices"] = [
             {"uuid": m.uuid, "name": m.name, "memoryMiB": m.memory_mib} for m in gpu.mig_devices
         ]
-    if not gpu.healthy and gpu.reason:
-        out["reason"] = gpu.reason
+    if not gpu.healthy:
+        if gpu.reason:
+            out[contract.GPU_REASON] = gpu.reason
+        if gpu.xid is not None:
+            out[contract.GPU_XID] = gpu.xid
+        if gpu.since:
+            out[contract.GPU_SINCE] = gpu.since
     return out

@@ -22,16 +22,18 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import IO
 
 from agent import heartbeat, metrics
+from agent.health import DEFAULT_QUIET_S, HealthTracker
 from agent.heartbeat import PodIdentity
 from agent.inventory import Backend, Inventory, InventoryError
 from agent.kubeapi import ApiError, NodeApi
 from agent.labels import Desired, allocatable_gpus, desired_state
 from agent.sync import NodeState, Ownership, Plan, ownership, plan_sync
+from agent.xid import XidPolicy
 
 log = logging.getLogger("gpu_scheduler.agent")
 
@@ -56,6 +58,13 @@ class AgentConfig:
     backoff_base_s: float = 2.0
     backoff_max_s: float = 300.0
     conflict_retries: int = 5
+    #: Which XIDs mark a GPU unhealthy (agent.xid), and recovery (agent.health).
+    xid_policy: XidPolicy = field(default_factory=XidPolicy)
+    recover: bool = True
+    recovery_quiet_s: float = DEFAULT_QUIET_S
+    #: /healthz answers 503 once NVML has given no good read for this long, so the
+    #: kubelet restarts the container (a driver upgraded under it needs a new one).
+    unhealthy_after_s: float = 300.0
 
 
 def backoff_delay(failures: int, base: float, cap: float, jitter: float = 1.0) -> float:
@@ -91,6 +100,11 @@ class Agent:
         # What the last sync brought the Node to, and when (monotonic); the last renewal.
         self._synced: tuple[Desired, float] | None = None
         self._renewed: float | None = None
+        self.health = HealthTracker(config.xid_policy, config.recovery_quiet_s, config.recover)
+        # The last good read of the GPUs (monotonic; the start counts as one), and
+        # whether the last read failed (a good one after it: the driver came back).
+        self._good_read = monotonic()
+        self._read_failed = False
 
     # --- readiness -----------------------------------------------------------------
     def ready(self) -> tuple[bool, str]:
@@ -103,8 +117,28 @@ class Agent:
         metrics.READY.set(1 if ok else 0)
 
     # --- one round -----------------------------------------------------------------
+    def alive(self) -> tuple[bool, str]:
+        """For /healthz: false once NVML has given no good read for
+        ``unhealthy_after_s`` (a driver upgraded under the container, which only a
+        new container can load), so the kubelet restarts it."""
+        quiet = self.monotonic() - self._good_read
+        if quiet > self.config.unhealthy_after_s:
+            return False, f"no good NVML read for {quiet:.0f}s"
+        return True, "ok"
+
     def read_inventory(self) -> Inventory:
-        inventory = self.backend.read()
+        try:
+            inventory = self.backend.read()
+        except InventoryError:
+            self._read_failed = True
+            metrics.READ_ERRORS.inc()
+            raise
+        mono = self.monotonic()
+        if self._read_failed:
+            self._read_failed = False
+            self.health.driver_reloaded()
+        self._good_read = mono
+        inventory = self._health(inventory, mono)
         metrics.GPUS.labels("present").set(len(inventory.gpus))
         metrics.GPUS.labels("healthy").set(len(inventory.healthy))
         metrics.GPUS.labels("allocatable").set(allocatable_gpus(inventory))
@@ -120,6 +154,17 @@ class Agent:
                     },
                 )
         return inventory
+
+    def _health(self, inventory: Inventory, mono: float) -> Inventory:
+        """The read with what the GPUs' events said laid over it: XIDs a fake file
+        reports are events now (the NVML event loop feeds ``self.health`` itself)."""
+        reported = [g for g in inventory.gpus if g.xid is not None]
+        if reported:
+            wall = self.clock().timestamp()
+            for gpu in reported:
+                self.health.xid(gpu.uuid, int(gpu.xid or 0), wall, mono)
+            inventory = replace(inventory, gpus=tuple(replace(g, xid=None) for g in inventory.gpus))
+        return self.health.apply(inventory, mono)
 
     def desired(self, inventory: Inventory) -> Desired:
         return desired_state(inventory, manage_capacity=self.config.manage_capacity)

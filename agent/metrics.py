@@ -39,3 +39,16 @@ HEARTBEATS = Counter(
     "Heartbeat Lease applies by result (renewed, failed)",
     ["result"],
 )
+READ_ERRORS = Counter(
+    "gpu_scheduler_agent_nvml_read_errors_total",
+    "Reads of the GPUs that failed (NVML not loaded, a driver/library mismatch, ...)",
+)
+XIDS = Counter(
+    "gpu_scheduler_agent_xids_total",
+    "XID errors the GPUs reported, by whether they mark the GPU unhealthy",
+    ["critical"],
+)
+UNHEALTHY_MARKS = Gauge(
+    "gpu_scheduler_agent_gpu_health_marks",
+    "GPUs held unhealthy by an event (an XID, a double-bit ECC error) until they recover",
+)

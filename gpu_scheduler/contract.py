@@ -390,9 +390,11 @@ def gpu_health(value: Any, replicas: int = 1, mig_single: bool = False) -> GpuHe
             healthy += units
             continue
         words = [clip_text(str(gpu.get(GPU_UUID) or "unknown"), 64)]
+        reason = clip_text(str(gpu.get(GPU_REASON) or ""), 120)
+        xid = gpu.get(GPU_XID)
         details = [
-            f"XID {gpu[GPU_XID]}" if isinstance(gpu.get(GPU_XID), int) else "",
-            clip_text(str(gpu.get(GPU_REASON) or ""), 120),
+            f"XID {xid}" if isinstance(xid, int) and f"XID {xid}" not in reason else "",
+            reason,
             f"since {clip_text(str(gpu[GPU_SINCE]), 32)}" if gpu.get(GPU_SINCE) else "",
         ]
         details = [d for d in details if d]

@@ -79,11 +79,21 @@ def metrics_payload() -> bytes:
     return generate_latest(REGISTRY)
 
 
-def install_ops_endpoints(app: Flask, ready: Callable[[], tuple[bool, str]]) -> None:
-    """``/healthz``, ``/readyz``, ``/metrics`` and JSON answers for HTTP errors."""
+def install_ops_endpoints(
+    app: Flask,
+    ready: Callable[[], tuple[bool, str]],
+    alive: Callable[[], tuple[bool, str]] | None = None,
+) -> None:
+    """``/healthz``, ``/readyz``, ``/metrics`` and JSON answers for HTTP errors.
+    ``/healthz`` is 200 while the process answers, unless ``alive`` says otherwise
+    (503: the liveness probe then restarts the container)."""
 
     @app.get("/healthz")
     def healthz() -> Response:
+        if alive is not None:
+            ok, detail = alive()
+            if not ok:
+                return json_response({"status": "unhealthy", "detail": detail}, 503)
         return json_response({"status": "ok"})
 
     @app.get("/readyz")

@@ -1,6 +1,8 @@
 """A GPU that fails in service, on the real control plane: an 8-GPU node whose device
-plugin still advertises 8, its agent reporting one GPU sick. The extender gives no pod
-the sick GPU, says which it is, and gives it again once the agent reads it healthy."""
+plugin still advertises 8; one GPU reports XID 79 (fallen off the bus) to the agent,
+through the fake inventory's scripted XIDs. The agent publishes it at its next read,
+the extender gives no pod the sick GPU and says which it is, and once the XID has
+stopped for the agent's quiet period, the GPU is offered again."""
 
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ def test_a_sick_gpu_is_not_offered_and_is_again_once_it_recovers(stack, tmp_path
     node = create_node(stack, unique("sick"), case=case, gpus=8, labels=labels, taints=GPU_TAINT)
     inventory = tmp_path / "gpus.yaml"
     inventory.write_text(yaml.safe_dump(h100_inventory(8)))
-    agent = stack.start_agent(node, inventory, interval="1s", capacity=False)
+    agent = stack.start_agent(
+        node, inventory, interval="1s", capacity=False, extra=["--recovery-quiet-period=4s"]
+    )
 
     def annotation() -> str:
         return (core(stack).read_node(node).metadata.annotations or {}).get(contract.ANN_GPUS, "")
@@ -42,14 +46,14 @@ def test_a_sick_gpu_is_not_offered_and_is_again_once_it_recovers(stack, tmp_path
         wait_for(lambda: read_lease(stack, node) is not None, 30, "the agent's Lease")
         wait_for(lambda: '"healthy":false' not in annotation() and annotation(), 30, "GPUs read")
         sick = h100_inventory(8)
-        sick["gpus"][3]["healthy"] = False
+        sick["gpus"][3]["xid"] = 79
         inventory.write_text(yaml.safe_dump(sick))
-        wait_for(lambda: '"healthy":false' in annotation(), 30, "GPU-e2e-3 reported sick")
+        wait_for(lambda: '"xid":79' in annotation(), 30, "GPU-e2e-3's XID published")
 
         whole = unique("eight")
         create_pod(stack, pod_manifest(whole, 8, case=case))
         message = wait_event(stack, whole, "7 of 8 GPUs healthy")
-        assert "GPU-e2e-3" in message, message
+        assert "GPU-e2e-3 (GPU lost: XID 79 (GPU has fallen off the bus); since " in message
         seven = unique("seven")
         create_pod(stack, pod_manifest(seven, 7, case=case))
         assert wait_bound(stack, seven) == node
@@ -57,7 +61,7 @@ def test_a_sick_gpu_is_not_offered_and_is_again_once_it_recovers(stack, tmp_path
         wait_for(lambda: not _exists(stack, seven), 30, "the 7-GPU pod gone")
         assert core(stack).read_namespaced_pod(whole, "default").spec.node_name is None
 
-        inventory.write_text(yaml.safe_dump(h100_inventory(8)))  # it recovers
+        inventory.write_text(yaml.safe_dump(h100_inventory(8)))  # the XID stops: recovery
         assert wait_bound(stack, whole, timeout=90) == node
         assert agent.alive(), agent.tail()
     finally:
