@@ -282,7 +282,7 @@ class NvmlBackend:
         self._nvml = nvml
         self._sysfs = Path(sysfs)
 
-    def _module(self) -> Any:
+    def module(self) -> Any:
         if self._nvml is None:
             try:
                 import pynvml
@@ -294,7 +294,7 @@ class NvmlBackend:
         return self._nvml
 
     def read(self) -> Inventory:
-        nvml = self._module()
+        nvml = self.module()
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:

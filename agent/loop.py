@@ -105,6 +105,9 @@ class Agent:
         # whether the last read failed (a good one after it: the driver came back).
         self._good_read = monotonic()
         self._read_failed = False
+        #: Set by the NVML event loop when an event marked a GPU (and on stop): the
+        #: loop then runs its next round at once instead of after the interval.
+        self.wake: threading.Event | None = None
 
     # --- readiness -----------------------------------------------------------------
     def ready(self) -> tuple[bool, str]:
@@ -341,9 +344,18 @@ class Agent:
                 failures = 0
                 self._set_ready(True, "synced")
                 metrics.LAST_SUCCESS.set(time.time())
-            self.stop.wait(delay)
+            self._sleep(delay, failures)
         log.info("stopping", extra={"node": self.config.node_name})
         return 0
+
+    def _sleep(self, delay: float, failures: int) -> None:
+        """Until the next round: ``delay``, or less when an event wakes the loop (not
+        while backing off: a failing API is not hit harder because a GPU failed)."""
+        wake = self.wake
+        if wake is None or failures:
+            self.stop.wait(delay)
+        elif wake.wait(delay):
+            wake.clear()
 
     def _failed(self, failures: int, result: str, message: str, status: int | None = None) -> float:
         cfg = self.config

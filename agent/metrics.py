@@ -52,3 +52,16 @@ UNHEALTHY_MARKS = Gauge(
     "gpu_scheduler_agent_gpu_health_marks",
     "GPUs held unhealthy by an event (an XID, a double-bit ECC error) until they recover",
 )
+EVENTS = Counter(
+    "gpu_scheduler_agent_nvml_events_total",
+    "NVML events by kind (xid, ecc-double, ecc-single, other, unattributed)",
+    ["kind"],
+)
+EVENT_LOOP_GPUS = Gauge(
+    "gpu_scheduler_agent_nvml_event_gpus",
+    "GPUs registered with the NVML event loop in its current session",
+)
+EVENT_LOOP_ERRORS = Counter(
+    "gpu_scheduler_agent_nvml_event_loop_errors_total",
+    "NVML event sessions that ended in an error (each is started again after a backoff)",
+)

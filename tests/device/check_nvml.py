@@ -7,8 +7,9 @@ Runs ``gpu-scheduler agent --once --dry-run`` as shipped (the NVML backend: no
 --fake-gpus, no cluster; capacity is the device plugin's, so the agent writes none)
 and compares its labels and per-GPU annotation with ``nvidia-smi --query-gpu=...
 --format=csv,noheader,nounits``; then again with ``--capacity`` (the option for nodes
-without a device plugin) and checks the capacity it would write. Prints each check
-and exits 1 on any mismatch, 2 if either command fails. Never part of ``make test``
+without a device plugin) and checks the capacity it would write. Then it runs the agent's
+NVML event loop for a few seconds: every GPU registers, and a wait returns. Prints each
+check and exits 1 on any mismatch, 2 if either command fails. Never part of ``make test``
 (tests/device is outside pytest's testpaths).
 
 Overrides for trying the script itself without a GPU: ``AGENT_CMD`` (the agent command
@@ -137,8 +138,35 @@ def main() -> int:
         check(f"GPU {g['index']} name", mine.get("name"), g["name"])
         check(f"GPU {g['index']} memoryMiB", mine.get("memoryMiB"), g["memory"])
         check(f"GPU {g['index']} computeCapability", mine.get("computeCapability"), g["cc"])
+    if not os.environ.get("AGENT_CMD"):  # the real NVML is here: smoke-test events
+        registered, returned = event_loop_smoke()
+        check("NVML event loop: GPUs registered", registered, len(gpus))
+        check("NVML event loop: a wait returned and the session ended", returned, True)
     print(f"{failures} mismatch(es)" if failures else "all labels match nvidia-smi")
     return 1 if failures else 0
+
+
+def event_loop_smoke() -> tuple[int | None, bool]:
+    """The agent's NVML event loop on the real driver: it registers every GPU that
+    supports events, and a wait (1 s) returns so that a stop ends the session."""
+    import threading
+    import time
+
+    import pynvml
+
+    sys.path.insert(0, str(ROOT))
+    from agent.events import NvmlEvents
+    from agent.health import HealthTracker
+
+    stop, wake = threading.Event(), threading.Event()
+    events = NvmlEvents(pynvml, HealthTracker(), wake, stop, wait_ms=1000)
+    thread = threading.Thread(target=events.session, daemon=True)
+    thread.start()
+    time.sleep(2.5)
+    registered = events.registered
+    stop.set()
+    thread.join(5)
+    return registered, not thread.is_alive()
 
 
 if __name__ == "__main__":

@@ -150,3 +150,21 @@ def test_a_fake_files_xid_must_be_an_xid_number(tmp_path, bad):
     path.write_text(yaml.safe_dump(inventory(g0=bad)))
     with pytest.raises(InventoryError, match="xid: expected an XID number"):
         FakeBackend(path).read()
+
+
+def test_an_event_wakes_the_loop_but_not_while_it_backs_off(tmp_path):
+    import threading
+    import time
+
+    path, clock = tmp_path / "gpus.yaml", Clock()
+    path.write_text(yaml.safe_dump(inventory()))
+    agent = agent_on(path, clock)
+    agent.wake = threading.Event()
+    agent.wake.set()  # the NVML event loop marked a GPU
+    started = time.monotonic()
+    agent._sleep(60.0, failures=0)
+    assert time.monotonic() - started < 1 and not agent.wake.is_set()
+    agent.wake.set()
+    agent.stop.set()  # backing off: the stop (here already set) ends the wait, not the event
+    agent._sleep(60.0, failures=2)
+    assert agent.wake.is_set()
