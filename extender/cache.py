@@ -31,6 +31,7 @@ from extender.view import View
 from extender.workload import TaskShape, task_shape, workload_mix
 from gpu_scheduler import contract
 from gpu_scheduler.constraints import parse_products
+from gpu_scheduler.contract import GpuHealth
 from gpu_scheduler.fields import FieldError
 
 log = logging.getLogger(__name__)
@@ -283,6 +284,13 @@ class ClusterCache:
         if base is None or base.error is not None or base.allocatable or not gpus:
             return base
         least = min(gpus.values(), key=lambda g: (g.memory_mib or 0, g.product or ""))
+        tainted = self._dra.tainted(name)
+        health = None
+        if tainted:  # the driver's own word (a device taint): believed with or without an agent
+            words = tuple(
+                f"device {key[2]} ({', '.join(taints)})" for key, taints in sorted(tainted.items())
+            )
+            health = GpuHealth(len(gpus) - len(tainted), len(gpus), words)
         return NodeFacts(
             name,
             min(len(gpus), MAX_GPUS),
@@ -292,7 +300,7 @@ class ClusterCache:
             capacity_type=base.capacity_type,
             zone=base.zone,
             dra=True,
-            health=base.health,
+            health=health,
         )
 
     def _set_facts(self, name: str) -> None:

@@ -46,8 +46,9 @@ def _gpu(device: dra.Device) -> DraGpu:
     return _GPUS.setdefault(pair, DraGpu(*pair))
 
 
-# A slice as kept: driver, pool, generation, and (node, key, gpu) per device of the class.
-_Slice = tuple[str, str, int, list[tuple[str, dra.DeviceKey, DraGpu]]]
+# A slice as kept: driver, pool, generation, and (node, key, gpu, blocking taints) per
+# device of the class.
+_Slice = tuple[str, str, int, list[tuple[str, dra.DeviceKey, DraGpu, tuple[str, ...]]]]
 
 
 def _key_of(obj: Mapping[str, Any]) -> str | None:
@@ -98,6 +99,9 @@ class DraIndex:
         self._claims: dict[str, frozenset[dra.DeviceKey]] = {}
         self._allocated: dict[dra.DeviceKey, int] = {}
         self._used: dict[str, int] = {}
+        # Devices with a NoSchedule/NoExecute taint, and their taints: not offered, and
+        # not counted in use (they are out of the pool either way).
+        self._tainted: dict[dra.DeviceKey, tuple[str, ...]] = {}
 
     # --- what the cache reads -------------------------------------------------------
     def gpus(self, node: str) -> Mapping[dra.DeviceKey, DraGpu]:
@@ -105,8 +109,12 @@ class DraIndex:
         return self._gpus.get(node, {})
 
     def used(self, node: str) -> int:
-        """Of those, how many some claim holds."""
+        """Of those without a blocking taint, how many some claim holds."""
         return self._used.get(node, 0)
+
+    def tainted(self, node: str) -> dict[dra.DeviceKey, tuple[str, ...]]:
+        """The node's devices of the class that carry a blocking taint, and their taints."""
+        return {k: self._tainted[k] for k in self.gpus(node) if k in self._tainted}
 
     @property
     def device_class(self) -> str | None:
@@ -179,9 +187,11 @@ class DraIndex:
             if devices:
                 self.needs_relist = True  # a class may appear and select them
         else:
-            kept = [(d.node, d.key, _gpu(d)) for d in devices if self._matcher.matches(d)]
+            kept = [
+                (d.node, d.key, _gpu(d), d.taints) for d in devices if self._matcher.matches(d)
+            ]
         self._slices[name] = (_intern(driver), _intern(pool), generation, kept)
-        nodes = {node for node, _, _ in kept}
+        nodes = {node for node, _, _, _ in kept}
         for node in nodes:
             self._node_slices.setdefault(node, set()).add(name)
         return nodes
@@ -190,7 +200,7 @@ class DraIndex:
         old = self._slices.pop(name, None)
         if old is None:
             return set()
-        nodes = {node for node, _, _ in old[3]}
+        nodes = {node for node, _, _, _ in old[3]}
         for node in nodes:
             names = self._node_slices.get(node)
             if names is not None:
@@ -205,6 +215,7 @@ class DraIndex:
         for node in nodes:
             for key in self._gpus.pop(node, {}):
                 self._device_node.pop(key, None)
+                self._tainted.pop(key, None)
             self._used.pop(node, None)
             if self._matcher is None:
                 continue
@@ -216,14 +227,18 @@ class DraIndex:
             for driver, pool, generation, devices in slices:
                 if generation != newest[(driver, pool)]:
                     continue
-                for where, key, gpu in devices:
+                for where, key, gpu, taints in devices:
                     if where == node:
                         found[key] = gpu
+                        if taints:
+                            self._tainted[key] = taints
             if found:
                 self._gpus[node] = found
                 for key in found:
                     self._device_node[key] = node
-                used = sum(1 for key in found if self._allocated.get(key))
+                used = sum(
+                    1 for key in found if self._allocated.get(key) and key not in self._tainted
+                )
                 if used:
                     self._used[node] = used
         return nodes
@@ -240,7 +255,7 @@ class DraIndex:
         self._used = {}
         for device in self._allocated:
             node = self._device_node.get(device)
-            if node is not None:
+            if node is not None and device not in self._tainted:
                 self._used[node] = self._used.get(node, 0) + 1
         return before | set(self._used)
 
@@ -261,7 +276,7 @@ class DraIndex:
                 self._allocated.pop(device, None)
             became = (count == 1 and sign == 1) or (count == 0 and sign == -1)
             node = self._device_node.get(device)
-            if became and node is not None:
+            if became and node is not None and device not in self._tainted:
                 used = self._used.get(node, 0) + sign
                 if used > 0:
                     self._used[node] = used

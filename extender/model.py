@@ -99,7 +99,8 @@ class NodeFacts:
         #: node then fails every pod with this reason.
         self.error = error
         #: What the agent's ``gpu-scheduler.io/gpus`` annotation says of the GPUs'
-        #: health (None: no annotation, or unreadable).
+        #: health (None: no annotation, or unreadable); on a DRA node, its devices'
+        #: blocking taints (the driver's word, believed without an agent).
         self.health = health
         #: True when the node's agent holds its heartbeat Lease (cluster mode): only
         #: then is ``health`` believed, so an annotation a departed agent left behind
@@ -112,15 +113,16 @@ class NodeFacts:
         more than the agent reads healthy (the device plugin can still count a GPU
         that has failed: its health checks off, or between an XID and its update)."""
         health = self.health
-        if health is None or not self.managed:
+        if health is None or not (self.managed or self.dra):
             return self.allocatable
         return health.usable(self.allocatable)
 
     @property
     def unhealthy(self) -> tuple[str, ...]:
-        """The agent's unhealthy GPUs in words, where it is believed (see ``usable``)."""
+        """The unhealthy GPUs in words, where they are believed (see ``usable``): the
+        agent's, or on a DRA node its devices with a NoSchedule/NoExecute taint."""
         health = self.health
-        return health.unhealthy if health is not None and self.managed else ()
+        return health.unhealthy if health is not None and (self.managed or self.dra) else ()
 
     @property
     def has_gpus(self) -> bool:

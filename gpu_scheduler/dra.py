@@ -68,6 +68,9 @@ class Device:
     attributes: Mapping[str, Mapping[str, Any]]
     #: domain -> capacity name -> value (a quantity, exact)
     capacity: Mapping[str, Mapping[str, Decimal]]
+    #: Its taints that keep new pods off it (KEP-5055: effect NoSchedule or NoExecute),
+    #: as ``key=value:Effect``; a pod asking for the extended resource tolerates none.
+    taints: tuple[str, ...] = ()
 
     @property
     def key(self) -> DeviceKey:
@@ -182,9 +185,33 @@ def slice_devices(obj: Mapping[str, Any]) -> tuple[str, str, int, list[Device]] 
                 sys.intern(where),
                 _values(raw.get("attributes"), driver, "attributes"),
                 _values(raw.get("capacity"), driver, "capacity"),
+                device_taints(raw.get("taints")),
             )
         )
     return driver, pool_name, generation, devices
+
+
+#: Device taint effects that keep a pod off a device it does not tolerate.
+BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+#: A device carries at most this many taints the API accepts; more is garbage.
+MAX_TAINTS = 16
+
+
+def device_taints(raw: Any) -> tuple[str, ...]:
+    """A device's blocking taints (ResourceSlice ``devices[].taints``, or what a
+    DeviceTaintRule adds), as ``key=value:Effect``; the rest are left out."""
+    out = []
+    for taint in raw if isinstance(raw, list) else ():
+        if not isinstance(taint, Mapping) or taint.get("effect") not in BLOCKING_EFFECTS:
+            continue
+        key, value = taint.get("key"), taint.get("value")
+        if not isinstance(key, str) or not key:
+            continue
+        text = key[:253] + (f"={value[:63]}" if isinstance(value, str) and value else "")
+        out.append(f"{text}:{taint['effect']}")
+        if len(out) >= MAX_TAINTS:
+            break
+    return tuple(out)
 
 
 def claim_devices(obj: Mapping[str, Any]) -> frozenset[DeviceKey]:

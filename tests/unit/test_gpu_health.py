@@ -14,7 +14,6 @@ from extender.policies import build_policies
 from gpu_scheduler import contract
 from gpu_scheduler.contract import GpuHealth, gpu_health
 from tests.factories import make_lease, make_node, make_pod
-from tests.fakeapi import synced_cache
 
 NOW = 1_800_000_000.0
 RENEWED = "2027-01-15T08:00:00.000000Z"  # fresh against NOW
@@ -81,8 +80,18 @@ def test_usable_units(healthy, total, allocatable, usable):
     assert GpuHealth(healthy, total, ()).usable(allocatable) == usable
 
 
+def listed(nodes, pods=()):
+    """A cache as its reflectors would fill it, without their threads."""
+    from extender.cache import ClusterCache
+
+    cache = ClusterCache(clock=lambda: NOW)
+    cache.replace_nodes(nodes)
+    cache.replace_pods(pods)
+    return cache
+
+
 def cache_with(node, lease=True):
-    cache = synced_cache([node], [], clock=lambda: NOW)
+    cache = listed([node])
     if lease:
         cache.replace_leases([make_lease(node["metadata"]["name"], RENEWED)])
     return cache
@@ -136,7 +145,7 @@ def test_without_the_agents_lease_the_annotation_holds_nothing_back():
 def test_gpus_in_use_and_sick_ones_both_count():
     node = sick_node(True, True, True, False)
     pods = [make_pod("r", 2, node="h", phase="Running")]
-    cache = synced_cache([node], pods, clock=lambda: NOW)
+    cache = listed([node], pods)
     cache.replace_leases([make_lease("h", RENEWED)])
     try:
         out, _ = decide(cache, 2)
@@ -144,3 +153,60 @@ def test_gpus_in_use_and_sick_ones_both_count():
         assert decide(cache, 1)[0].passed == ["h"]
     finally:
         cache.stop()
+
+
+# --- DRA: a device with a blocking taint (KEP-5055) is not offered -----------------------
+def tainted_device(i, effect="NoSchedule"):
+    from tests.unit.test_dra import gpu_device
+
+    device = gpu_device(i)
+    device["taints"] = [
+        {"key": "gpu.nvidia.com/unhealthy", "value": "xid-79", "effect": effect},
+        {"key": "note", "value": "x", "effect": "None"},  # not blocking: left out
+    ]
+    return device
+
+
+def dra_cache(devices, claims=()):
+    from extender.cache import ClusterCache
+    from tests.unit.test_dra import claim, device_class, resource_slice
+
+    cache = ClusterCache(clock=lambda: NOW)
+    cache.replace_nodes([make_node("dra")])
+    cache.replace_device_classes([device_class()])
+    cache.replace_slices([resource_slice("dra", devices)])
+    cache.replace_claims([claim(name, "dra", held) for name, held in claims])
+    cache.replace_pods([])
+    return cache
+
+
+def test_a_tainted_dra_device_is_not_offered_and_the_reason_names_it():
+    from tests.unit.test_dra import gpu_device
+
+    devices = [gpu_device(0), gpu_device(1), tainted_device(2, "NoExecute"), gpu_device(3)]
+    cache = dra_cache(devices)
+    out, _ = decide(cache, 4)
+    reason = out.unresolvable["dra"]
+    assert reason.startswith("3 of 4 GPUs healthy; pod requests 4; unhealthy: device gpu-2")
+    assert "gpu.nvidia.com/unhealthy=xid-79:NoExecute" in reason and "note" not in reason
+    assert decide(cache, 3)[0].passed == ["dra"]
+    assert cache.view().free["dra"][0] == 3
+    from tests.unit.test_dra import claim
+
+    cache.claim_event("ADDED", claim("late", "dra", ["gpu-2"]))  # a claim on it: no change
+    assert cache.view().free["dra"][0] == 3
+    cache.claim_event("ADDED", claim("real", "dra", ["gpu-1"]))
+    assert cache.view().free["dra"][0] == 2
+
+
+def test_a_claim_on_a_tainted_device_does_not_count_twice():
+    """The tainted device is out of the pool whether or not a claim holds it: the three
+    others minus the one a claim holds are free."""
+    from tests.unit.test_dra import gpu_device
+
+    devices = [gpu_device(0), gpu_device(1), tainted_device(2), gpu_device(3)]
+    cache = dra_cache(devices, [("c1", ["gpu-2"]), ("c2", ["gpu-0"])])
+    assert cache.view().free["dra"][0] == 2
+    assert decide(cache, 2)[0].passed == ["dra"]
+    out, _ = decide(cache, 3)
+    assert out.failed["dra"] == "2 of 3 GPUs free (1 unhealthy); pod requests 3"
