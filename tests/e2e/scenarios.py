@@ -45,7 +45,19 @@ def device(i: int, product: str, mib: int) -> dict[str, Any]:
     }
 
 
-def publish_slice(stack: Stack, node: str, product: str, mib: int, count: int) -> None:
+def publish_slice(
+    stack: Stack,
+    node: str,
+    product: str,
+    mib: int,
+    count: int,
+    taints: dict[int, list[dict[str, str]]] | None = None,
+) -> None:
+    """A node's ResourceSlice of ``count`` GPUs; ``taints``: device index -> its device
+    taints (KEP-5055: {key, value, effect})."""
+    devices = [device(i, product, mib) for i in range(count)]
+    for index, listed in (taints or {}).items():
+        devices[index]["taints"] = listed
     body = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -54,7 +66,7 @@ def publish_slice(stack: Stack, node: str, product: str, mib: int, count: int) -
             "driver": dra.NVIDIA_DRIVER,
             "nodeName": node,
             "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [device(i, product, mib) for i in range(count)],
+            "devices": devices,
         },
     }
     client.ResourceV1Api(stack.api).create_resource_slice(body)

@@ -191,3 +191,35 @@ def test_dra_and_device_plugin_nodes_in_one_cluster(lab, dra_nodes):
         assert rows[h100][1:8] == ["NVIDIA-H100-80GB-HBM3", "81559 MiB", "DRA", "8", "-", "8", "0"]
         assert rows[l4][1:8] == ["NVIDIA-L4", "23034 MiB", "DRA", "4", "-", "2", "2"]
         assert rows[a100][3:8] == ["whole", "8", "-", "1", "7"]
+
+
+def test_a_tainted_dra_device_is_not_offered(lab, dra_nodes):
+    """KEP-5055 device taints, as the NVIDIA DRA driver's health check sets them: a node
+    of 4 DRA GPUs, one tainted NoSchedule. The extender counts 3 (status: HEALTHY and
+    FREE 3), a 3-GPU pod is placed there and a 4-GPU pod is not."""
+    from extender.status import cluster_status
+
+    node = create_node(lab, "dra-sick", case="dra-sick", taints=GPU_TAINT)
+    taint = {"key": "gpu.nvidia.com/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
+    publish_slice(lab, node, "NVIDIA L4", 23034, 4, taints={1: [taint]})
+    with scenario(lab, "dra-sick", proxied=False) as s:
+        wait_for(
+            lambda: node in cluster_status(lab.api) and _row(lab, node)[5:8] == ["3", "0", "3"],
+            30,
+            "the tainted device left out",
+        )
+        whole = s.pod(4, "dra-sick")
+        three = s.pod(3, "dra-sick")
+        assert wait_bound(lab, three, timeout=30) == node
+        wait_event(lab, whole, "FailedScheduling")
+        assert core(lab).read_namespaced_pod(whole, "default").spec.node_name is None
+
+
+def _row(stack, node: str) -> list[str]:
+    from extender.status import cluster_status
+
+    for line in cluster_status(stack.api).splitlines()[1:-1]:
+        cells = re.split(r"\s{2,}", line)
+        if cells[0] == node:
+            return cells
+    return []
