@@ -421,6 +421,12 @@ class ClusterCache:
     def slice_event(self, kind: str, obj: Mapping[str, Any]) -> None:
         self._dra_apply(self._dra.slice_event, kind, obj)
 
+    def replace_taint_rules(self, items: Iterable[Mapping[str, Any]]) -> None:
+        self._dra_apply(self._dra.replace_rules, _reduced(dra_index.parse_rule, items))
+
+    def taint_rule_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        self._dra_apply(self._dra.rule_event, kind, obj)
+
     def replace_claims(self, items: Iterable[Mapping[str, Any]]) -> None:
         claims = _reduced(dra_index.parse_claim, items)
         with self._lock:
@@ -568,6 +574,15 @@ class ClusterCache:
                     self.claim_event,
                     True,
                 ),
+                # KEP-5055's rules that taint devices (GA in 1.37; absent before: the
+                # kind is optional, like the other DRA kinds)
+                "devicetaintrules": (
+                    resource_api.list_device_taint_rule,
+                    {},
+                    self.replace_taint_rules,
+                    self.taint_rule_event,
+                    True,
+                ),
             }
         if coordination_api is not None and lease_namespace:
             sources["leases"] = (
@@ -589,7 +604,11 @@ class ClusterCache:
                 reset_connections=reset,
                 clock=self._monotonic,
                 optional=optional,
-                after=classes.synced if classes is not None and kind != "resourceclaims" else None,
+                after=(
+                    classes.synced
+                    if classes is not None and kind not in ("resourceclaims", "devicetaintrules")
+                    else None
+                ),
             )
         for reflector in self.reflectors.values():
             reflector.start()

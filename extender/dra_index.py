@@ -78,6 +78,10 @@ def parse_slice(obj: Mapping[str, Any]) -> ParsedSlice | None:
     return None if name is None or parsed is None else (name, parsed)
 
 
+def parse_rule(obj: Mapping[str, Any]) -> dra.TaintRule | None:
+    return dra.taint_rule(obj)
+
+
 def parse_claim(obj: Mapping[str, Any]) -> ParsedClaim | None:
     key = _key_of(obj)
     devices = dra.claim_devices(obj)
@@ -102,6 +106,7 @@ class DraIndex:
         # Devices with a NoSchedule/NoExecute taint, and their taints: not offered, and
         # not counted in use (they are out of the pool either way).
         self._tainted: dict[dra.DeviceKey, tuple[str, ...]] = {}
+        self._rules: dict[str, dra.TaintRule] = {}
 
     # --- what the cache reads -------------------------------------------------------
     def gpus(self, node: str) -> Mapping[dra.DeviceKey, DraGpu]:
@@ -125,6 +130,7 @@ class DraIndex:
             "deviceclasses": len(self._classes),
             "resourceslices": len(self._slices),
             "resourceclaims": len(self._claims),
+            "devicetaintrules": len(self._rules),
         }
 
     # --- DeviceClasses --------------------------------------------------------------
@@ -187,9 +193,7 @@ class DraIndex:
             if devices:
                 self.needs_relist = True  # a class may appear and select them
         else:
-            kept = [
-                (d.node, d.key, _gpu(d), d.taints) for d in devices if self._matcher.matches(d)
-            ]
+            kept = [(d.node, d.key, _gpu(d), d.taints) for d in devices if self._matcher.matches(d)]
         self._slices[name] = (_intern(driver), _intern(pool), generation, kept)
         nodes = {node for node, _, _, _ in kept}
         for node in nodes:
@@ -227,9 +231,10 @@ class DraIndex:
             for driver, pool, generation, devices in slices:
                 if generation != newest[(driver, pool)]:
                     continue
-                for where, key, gpu, taints in devices:
+                for where, key, gpu, own in devices:
                     if where == node:
                         found[key] = gpu
+                        taints = self._taints(key, own)
                         if taints:
                             self._tainted[key] = taints
             if found:
@@ -242,6 +247,29 @@ class DraIndex:
                 if used:
                     self._used[node] = used
         return nodes
+
+    # --- DeviceTaintRules -----------------------------------------------------------
+    def replace_rules(self, rules: Iterable[dra.TaintRule]) -> set[str]:
+        """All DeviceTaintRules, as :func:`parse_rule` gave them."""
+        self._rules = {rule.name: rule for rule in rules if rule.taint}
+        return self._refresh(set(self._gpus))
+
+    def rule_event(self, kind: str, obj: Mapping[str, Any]) -> set[str]:
+        rule = dra.taint_rule(obj)
+        if rule is None:
+            return set()
+        before = self._rules.pop(rule.name, None)
+        if kind != "DELETED" and rule.taint:
+            self._rules[rule.name] = rule
+        if before == self._rules.get(rule.name):
+            return set()
+        return self._refresh(set(self._gpus))  # rules are few and rare: every DRA node
+
+    def _taints(self, key: dra.DeviceKey, own: tuple[str, ...]) -> tuple[str, ...]:
+        """A device's blocking taints: its own (in the slice) and the rules' on it."""
+        if not self._rules:
+            return own
+        return own + tuple(r.taint for r in self._rules.values() if r.selects(key))
 
     # --- ResourceClaims -------------------------------------------------------------
     def replace_claims(self, claims: Iterable[ParsedClaim]) -> set[str]:

@@ -127,6 +127,11 @@ def cluster_status(api_client: Any, namespace: str = "gpu-scheduler") -> str:
     except ApiException as exc:
         if exc.status not in (403, 404):  # no DRA here, or not ours to read
             raise
+    try:
+        cache.replace_taint_rules(_items(resource.list_device_taint_rule))
+    except ApiException as exc:
+        if exc.status not in (403, 404):  # before 1.37, or not ours to read
+            raise
     rows = inventory_rows(cache.view(), time.time())
     total, taken, free = (
         sum(int(r[COLUMNS.index(column)]) for r in rows) for column in ("GPUS", "USED", "FREE")

@@ -214,6 +214,44 @@ def device_taints(raw: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+@dataclass(frozen=True, slots=True)
+class TaintRule:
+    """A DeviceTaintRule (``resource.k8s.io/v1``): the devices its selector picks
+    (each field None: any) get its taint, when the taint blocks (see
+    :data:`BLOCKING_EFFECTS`)."""
+
+    name: str
+    driver: str | None
+    pool: str | None
+    device: str | None
+    taint: str  # key=value:Effect; "" when the effect does not block
+
+    def selects(self, key: DeviceKey) -> bool:
+        driver, pool, device = key
+        return (
+            (self.driver is None or self.driver == driver)
+            and (self.pool is None or self.pool == pool)
+            and (self.device is None or self.device == device)
+        )
+
+
+def taint_rule(obj: Mapping[str, Any]) -> TaintRule | None:
+    """A DeviceTaintRule in its JSON form (None when it is unreadable)."""
+    name = _name(obj)
+    spec = obj.get("spec")
+    if name is None or not isinstance(spec, Mapping):
+        return None
+    selector = spec.get("deviceSelector")
+    selector = selector if isinstance(selector, Mapping) else {}
+
+    def field(key: str) -> str | None:
+        value = selector.get(key)
+        return value if isinstance(value, str) and value else None
+
+    taints = device_taints([spec.get("taint")])
+    return TaintRule(name, field("driver"), field("pool"), field("device"), "".join(taints[:1]))
+
+
 def claim_devices(obj: Mapping[str, Any]) -> frozenset[DeviceKey]:
     """The devices a ResourceClaim has been allocated (empty: none yet)."""
     status = obj.get("status")

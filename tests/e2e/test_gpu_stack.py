@@ -196,7 +196,8 @@ def test_dra_and_device_plugin_nodes_in_one_cluster(lab, dra_nodes):
 def test_a_tainted_dra_device_is_not_offered(lab, dra_nodes):
     """KEP-5055 device taints, as the NVIDIA DRA driver's health check sets them: a node
     of 4 DRA GPUs, one tainted NoSchedule. The extender counts 3 (status: HEALTHY and
-    FREE 3), a 3-GPU pod is placed there and a 4-GPU pod is not."""
+    FREE 3), a 3-GPU pod is placed there and a 4-GPU pod is not. Then a DeviceTaintRule
+    takes one more device out, and gives it back when deleted."""
     from extender.status import cluster_status
 
     node = create_node(lab, "dra-sick", case="dra-sick", taints=GPU_TAINT)
@@ -213,6 +214,27 @@ def test_a_tainted_dra_device_is_not_offered(lab, dra_nodes):
         assert wait_bound(lab, three, timeout=30) == node
         wait_event(lab, whole, "FailedScheduling")
         assert core(lab).read_namespaced_pod(whole, "default").spec.node_name is None
+        # A DeviceTaintRule (maintenance) on one of the three in use: out of the pool,
+        # it counts neither free nor in use; deleting the rule gives it back.
+        resource = client.ResourceV1Api(lab.api)
+        resource.create_device_taint_rule(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceTaintRule",
+                "metadata": {"name": "dra-sick-maintenance"},
+                "spec": {
+                    "deviceSelector": {
+                        "driver": dra.NVIDIA_DRIVER,
+                        "pool": node,
+                        "device": "gpu-2",
+                    },
+                    "taint": {"key": "maintenance", "value": "true", "effect": "NoSchedule"},
+                },
+            }
+        )
+        wait_for(lambda: _row(lab, node)[5] == "2", 30, "the rule's device left out")
+        resource.delete_device_taint_rule("dra-sick-maintenance")
+        wait_for(lambda: _row(lab, node)[5] == "3", 30, "the device back")
 
 
 def _row(stack, node: str) -> list[str]:

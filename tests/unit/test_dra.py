@@ -296,6 +296,7 @@ def test_a_cluster_without_dra_is_synced_and_empty(status):
         list_device_class = FakeListWatch()
         list_resource_slice = FakeListWatch()
         list_resource_claim_for_all_namespaces = FakeListWatch()
+        list_device_taint_rule = FakeListWatch()
 
     for func in vars(ResourceApi).values():
         if isinstance(func, FakeListWatch):

@@ -210,3 +210,30 @@ def test_a_claim_on_a_tainted_device_does_not_count_twice():
     assert decide(cache, 2)[0].passed == ["dra"]
     out, _ = decide(cache, 3)
     assert out.failed["dra"] == "2 of 3 GPUs free (1 unhealthy); pod requests 3"
+
+
+def test_a_device_taint_rule_takes_its_devices_out_and_deleting_it_gives_them_back():
+    from tests.unit.test_dra import gpu_device
+
+    cache = dra_cache([gpu_device(i) for i in range(4)])
+    rule = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": "maintenance"},
+        "spec": {
+            "deviceSelector": {"driver": "gpu.nvidia.com", "pool": "dra", "device": "gpu-3"},
+            "taint": {"key": "maintenance", "value": "true", "effect": "NoExecute"},
+        },
+    }
+    cache.taint_rule_event("ADDED", rule)
+    assert cache.view().free["dra"][0] == 3
+    assert "device gpu-3 (maintenance=true:NoExecute)" in decide(cache, 4)[0].unresolvable["dra"]
+    every = {**rule, "metadata": {"name": "all"}, "spec": {**rule["spec"], "deviceSelector": {}}}
+    cache.replace_taint_rules([rule, every])  # an empty selector: every device
+    assert cache.view().free["dra"][0] == 0
+    effectless = {**rule, "spec": {**rule["spec"], "taint": {"key": "k", "effect": "None"}}}
+    cache.replace_taint_rules([effectless])  # a taint that does not block: nothing
+    assert cache.view().free["dra"][0] == 4
+    cache.taint_rule_event("ADDED", rule)
+    cache.taint_rule_event("DELETED", rule)
+    assert cache.view().free["dra"][0] == 4
