@@ -29,7 +29,7 @@ from extender.columns import Candidates
 from extender.config import ExtenderConfig, load_config
 from extender.engine import FilterOutcome, candidates_of, filter_nodes, score_array
 from extender.explain import Explainer, decision, only_fit
-from extender.model import PodFacts, node_facts, pod_facts
+from extender.model import NodeFacts, PodFacts, node_facts, pod_facts
 from extender.policies import Policy, build_policies
 from extender.view import View, args_view
 from gpu_scheduler.http import (
@@ -148,6 +148,7 @@ class Decider:
                     array,
                     parts,
                     self.cfg.weights,
+                    health=lambda i: _health(req.nodes.at(i)),
                 )
             )
         best = int(array.argmax()) if len(scores) else None
@@ -156,6 +157,13 @@ class Decider:
             "best": req.args.names[best] if best is not None else None,
             "top": scores[best] if best is not None else None,
         }
+
+
+def _health(facts: NodeFacts | None) -> tuple[int, int] | None:
+    """(GPUs a pod can be given, advertised) of a node with unhealthy GPUs; else None."""
+    if facts is None or not facts.unhealthy:
+        return None
+    return facts.usable, facts.allocatable
 
 
 def _uid(pod: Any) -> str | None:

@@ -268,9 +268,10 @@ class Candidates:
         known = set(self.where.tolist())
         return sum(1 for i in range(self.count) if i not in known and self._facts(i) is None)
 
-    def missing(self, i: int) -> NodeFacts | None:
-        """Why candidate ``i`` is not known: None (not in the view) or facts whose
-        ``error`` says why they cannot be read."""
+    def at(self, i: int) -> NodeFacts | None:
+        """The facts of candidate ``i`` (by its position among all): for one that is
+        not known, None (not in the view) or facts whose ``error`` says why they
+        cannot be read."""
         return self._facts(i)
 
     @classmethod

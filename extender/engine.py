@@ -82,7 +82,7 @@ def filter_nodes(
     for i, name in enumerate(names):
         j = at.get(i)
         if j is None:
-            node = batch.missing(i)
+            node = batch.at(i)
             # Unresolvable: preemption cannot make the cache know a node. The pod is
             # retried on the next cluster event (the node's own arrival is one).
             unresolvable[name] = UNKNOWN_NODE if node is None else str(node.error)

@@ -48,6 +48,8 @@ class Candidate:
     node: str
     score: int  # what the extender answered, 0..10
     parts: tuple[tuple[str, float], ...]  # (policy, its 0..10 score) for scoring policies
+    #: (GPUs a pod can be given, GPUs advertised) where some are unhealthy; else None
+    health: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,9 +76,11 @@ def decision(
     parts: Mapping[str, Sequence[float]],
     weights: Mapping[str, int],
     keep: int = TOP,
+    health: Callable[[int], tuple[int, int] | None] | None = None,
 ) -> Decision:
     """What one prioritize call decided: the ``keep`` best candidates (:func:`best`),
-    each with every scoring policy's 0..10 part."""
+    each with every scoring policy's 0..10 part, and ``health(position)`` of each:
+    its healthy and advertised GPUs where some are unhealthy."""
     order = best(names, scores, keep)
     # Each policy's parts for the kept candidates, read in one step where the engine's
     # lazy parts allow it (``pick``) rather than one item at a time.
@@ -85,7 +89,12 @@ def decision(
         for policy, values in parts.items()
     ]
     top = tuple(
-        Candidate(names[i], int(scores[i]), tuple((policy, got[k]) for policy, got in picked))
+        Candidate(
+            names[i],
+            int(scores[i]),
+            tuple((policy, got[k]) for policy, got in picked),
+            health(i) if health is not None else None,
+        )
         for k, i in enumerate(order)
     )
     used = tuple((p, weights.get(p, 0)) for p in parts)
@@ -156,6 +165,8 @@ def explain(d: Decision, chosen: str) -> str:
         if d.failed:
             text += "; the others: " + "; ".join(f"{n} x {reason}" for reason, n in d.failed)
         return clip(text, MAX_MESSAGE - 64)
+    if node.health is not None:
+        head += f" ({node.health[0]} of {node.health[1]} GPUs there healthy)"
     text = (
         f"{head}: extender score {node.score}/10, rank {rank + 1} of {d.candidates} "
         f"candidate{'s' if d.candidates != 1 else ''} ({_parts(node)}; weights "

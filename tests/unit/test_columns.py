@@ -56,7 +56,7 @@ def test_rows_follow_puts_removals_and_growth_and_a_snapshot_stays_as_it_was():
     assert [new.models.values[c] for c in new.cols[MODEL]] == ["H100", "L4", "H100"]
     assert new.cols[SPOT].tolist() == [0, 0, 1]
     assert [new.zones.values[c] for c in new.cols[ZONE]] == ["z0", "z1", "z0"]
-    assert new.unknown() == 1 and new.missing(1) is None
+    assert new.unknown() == 1 and new.at(1) is None
 
 
 def test_an_unreadable_node_is_not_known_and_says_why():
@@ -66,7 +66,7 @@ def test_an_unreadable_node_is_not_known_and_says_why():
     put(table, facts("good"))
     got = Candidates.from_view(["bad", "good"], table.snapshot(), {"bad": bad})
     assert got.known == 1 and got.cols[OK].tolist() == [1]
-    assert got.missing(0).error.startswith("the Node object is malformed")
+    assert got.at(0).error.startswith("the Node object is malformed")
     assert got.unknown() == 0  # known to the view, only unreadable
 
 
@@ -88,4 +88,4 @@ def test_candidates_from_facts_are_the_same_rows():
     assert got.cols[FREE].tolist() == [5, 2] and got.cols[SPOT].tolist() == [1, 0]
     assert got.cols[MODEL].tolist()[1] == 0 and got.cols[ZONE].tolist()[1] == 0
     assert np.isnan(got.beats).all()
-    assert got.facts(1).name == "b" and got.missing(1) is None
+    assert got.facts(1).name == "b" and got.at(1) is None

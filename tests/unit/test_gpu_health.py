@@ -237,3 +237,25 @@ def test_a_device_taint_rule_takes_its_devices_out_and_deleting_it_gives_them_ba
     cache.taint_rule_event("ADDED", rule)
     cache.taint_rule_event("DELETED", rule)
     assert cache.view().free["dra"][0] == 4
+
+
+def test_the_explanation_says_how_many_gpus_are_healthy_where_some_are_not():
+    from extender.app import Decider
+    from extender.explain import Explainer, explain
+
+    node = sick_node(True, True, True, False, True, True, True, True)
+    healthy = make_node("ok", 8, product="NVIDIA-H100-80GB-HBM3")
+    cache = listed([node, healthy])
+    cache.replace_leases([make_lease("h", RENEWED), make_lease("ok", RENEWED)])
+    remembered = []
+    explainer = Explainer(lambda body: None)
+    explainer.remember = remembered.append  # type: ignore[method-assign]
+    decider = Decider(ExtenderConfig(), cache, explainer)
+    pod = make_pod("p", 2)
+    req = decider.parse({"Pod": pod, "Nodes": None, "NodeNames": ["h", "ok"]})
+    decider.prioritize(req)
+    (decided,) = remembered
+    health = {c.node: c.health for c in decided.top}
+    assert health == {"h": (7, 8), "ok": None}
+    assert explain(decided, "h").startswith("2 GPUs on h (7 of 8 GPUs there healthy): ")
+    assert explain(decided, "ok").startswith("2 GPUs on ok: ")
