@@ -146,9 +146,11 @@ def run(args: argparse.Namespace) -> int:
     import logging
     import threading
 
+    from agent.fake import FakeBackend
     from agent.heartbeat import PodIdentity
-    from agent.inventory import Backend, FakeBackend, NvmlBackend
+    from agent.inventory import Backend
     from agent.loop import AgentConfig
+    from agent.nvml import NvmlBackend
 
     log = logging.getLogger("gpu_scheduler.agent")
     if heartbeat < interval:
@@ -227,8 +229,8 @@ def _run_forever(
     import signal
     import threading
 
-    from agent.inventory import NvmlBackend
     from agent.loop import Agent
+    from agent.nvml import NvmlBackend
 
     wake = threading.Event()
 

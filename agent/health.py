@@ -1,7 +1,7 @@
 """GPU health over time: XIDs mark a GPU unhealthy at once; a quiet period of good
 reads marks it healthy again.
 
-NVML answers two questions. A *read* (:mod:`agent.inventory`) says what a GPU looks
+NVML answers two questions. A *read* (:mod:`agent.nvml`) says what a GPU looks
 like now: pages or rows waiting for retirement, uncorrectable ECC errors since the
 driver loaded, a GPU NVML can no longer query. An *event* (an XID, a double-bit ECC
 error) says something happened, once, and is gone: the GPU may read fine a second

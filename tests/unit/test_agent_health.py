@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agent.fake import FakeBackend
 from agent.health import HealthTracker
-from agent.inventory import FakeBackend, InventoryError
+from agent.inventory import InventoryError
 from agent.labels import desired_state
 from agent.loop import Agent, AgentConfig
 from agent.server import create_app

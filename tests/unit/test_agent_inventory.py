@@ -1,4 +1,5 @@
-"""agent.inventory: the fake file's validation and the NVML backend over a fake pynvml."""
+"""agent.fake and agent.nvml: the fake file's validation and the NVML backend over a
+fake pynvml."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from agent.inventory import FakeBackend, InventoryError, NvmlBackend, cuda_version_text
+from agent.fake import FakeBackend
+from agent.inventory import InventoryError
+from agent.nvml import NvmlBackend, cuda_version_text
 
 GOOD = """
 driverVersion: "550.54.15"

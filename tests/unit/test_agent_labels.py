@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.inventory import FakeBackend, Gpu, Inventory, MigDevice
+from agent.fake import FakeBackend
+from agent.inventory import Gpu, Inventory, MigDevice
 from agent.labels import (
     desired_state,
     family,

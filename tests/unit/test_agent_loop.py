@@ -14,8 +14,9 @@ from typing import Any
 import jsonpatch
 import pytest
 
+from agent.fake import FakeBackend
 from agent.heartbeat import PodIdentity
-from agent.inventory import FakeBackend, Inventory, InventoryError
+from agent.inventory import Inventory, InventoryError
 from agent.kubeapi import ApiError, KubeNodeApi
 from agent.loop import Agent, AgentConfig, backoff_delay
 from agent.sync import NodeState

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+from agent.fake import FakeBackend
 from agent.heartbeat import PodIdentity, lease_object
-from agent.inventory import FakeBackend
 from agent.labels import Desired, desired_state
 from agent.sync import NodeState, plan_sync
 from extender.model import lease_heartbeat, node_facts
