@@ -48,7 +48,7 @@ FAKE_GPUS = "/etc/gpu-scheduler-lab/gpus.yaml"
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory, control_plane_binary):
-    reason = realnode.at()
+    reason = realnode.missing()
     if reason:
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the real node, but {reason}", pytrace=False)
