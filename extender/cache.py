@@ -15,7 +15,6 @@ from __future__ import annotations
 import bisect
 import copy
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -26,90 +25,20 @@ from extender import dra_index, metrics
 from extender.columns import FreeState, NodeTable, free_state
 from extender.dra_index import DraIndex
 from extender.model import MAX_GPUS, NodeFacts, lease_heartbeat, node_facts
+from extender.records import PodRecord, pod_record, pod_uid
 from extender.reflector import Reflector
 from extender.view import View
-from extender.workload import TaskShape, task_shape, workload_mix
-from gpu_scheduler import contract
-from gpu_scheduler.constraints import parse_products
+from extender.workload import TaskShape, workload_mix
 from gpu_scheduler.contract import GpuHealth
 from gpu_scheduler.fields import FieldError
 
 log = logging.getLogger(__name__)
 
-# Bound and not finished: the pods that hold GPUs (field selectors keep the rest away,
-# and a pod that finishes or is deleted arrives as DELETED).
-POD_FIELD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 #: A view whose newest word from the API server is older than this is stale: /readyz
 #: says 503 and the heartbeat policy stops filtering (the answers go on).
 STALE_AFTER = 40.0
 #: A view is rebuilt at least this often, so time-dependent facts stay current.
 VIEW_MAX_AGE = 1.0
-
-
-class _PodRecord:
-    __slots__ = ("cpu_milli", "gpus", "group", "node", "products", "ram_mib")
-
-    def __init__(
-        self,
-        node: str,
-        gpus: int,
-        group: tuple[str, str] | None,
-        products: tuple[str, ...] | None = None,
-        cpu_milli: int = 0,
-        ram_mib: int = 0,
-    ) -> None:
-        self.node = node
-        self.gpus = gpus
-        self.group = group
-        self.products = products  # gpu-products it is restricted to, if any
-        self.cpu_milli = cpu_milli
-        self.ram_mib = ram_mib
-
-    def shape(self) -> TaskShape:
-        return task_shape(self.gpus, self.cpu_milli, self.ram_mib, self.products)
-
-
-def pod_record(pod: Mapping[str, Any]) -> tuple[str, _PodRecord] | None:
-    """(uid, record) for a bound pod worth keeping, else None. Never raises: a pod
-    whose GPU request cannot be read counts as asking for none."""
-    meta = pod.get("metadata")
-    spec = pod.get("spec")
-    status = pod.get("status")
-    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
-        return None
-    node = spec.get("nodeName")
-    if not isinstance(node, str) or not node:
-        return None
-    if isinstance(status, Mapping) and status.get("phase") in contract.TERMINAL_PHASES:
-        return None
-    uid = _pod_uid(meta)
-    try:
-        gpus = contract.pod_gpu_request(spec)
-    except FieldError:
-        gpus = 0
-    annotations = meta.get("annotations")
-    annotations = annotations if isinstance(annotations, Mapping) else {}
-    group_name = annotations.get(contract.ANN_GROUP)
-    namespace = meta.get("namespace")
-    group = None
-    if isinstance(group_name, str) and group_name:
-        group = (sys.intern(namespace if isinstance(namespace, str) else "default"), group_name)
-    if gpus == 0 and group is None:
-        return None
-    raw = annotations.get(contract.ANN_GPU_PRODUCTS)
-    products = parse_products(raw) if gpus and isinstance(raw, str) else None
-    restricted = tuple(sorted(sys.intern(p) for p in products)) if products else None
-    cpu_milli, ram_mib = contract.pod_cpu_memory(spec) if gpus else (0, 0)
-    return uid, _PodRecord(sys.intern(node), gpus, group, restricted, cpu_milli, ram_mib)
-
-
-def _pod_uid(meta: Any) -> str:
-    if not isinstance(meta, Mapping):
-        return ""
-    uid = meta.get("uid")
-    if isinstance(uid, str) and uid:
-        return uid
-    return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
 class ClusterCache:
@@ -134,7 +63,7 @@ class ClusterCache:
         self._dra = DraIndex()
         # Node name -> its agent's last Lease renewal (None: a Lease not renewed yet).
         self._leases: dict[str, float | None] = {}
-        self._pods: dict[str, _PodRecord] = {}
+        self._pods: dict[str, PodRecord] = {}
         self._used: dict[str, int] = {}
         self._groups: dict[tuple[str, str], dict[str, int]] = {}
         # GPUs per product (allocatable), GPUs asked by bound pods restricted to a product
@@ -482,7 +411,7 @@ class ClusterCache:
         metrics.CACHE_OBJECTS.labels("pods").set(len(records))
 
     def pod_event(self, kind: str, obj: Mapping[str, Any]) -> None:
-        uid = _pod_uid(obj.get("metadata"))
+        uid = pod_uid(obj.get("metadata"))
         new = None if kind == "DELETED" else pod_record(obj)
         with self._lock:
             old = self._pods.pop(uid, None)
@@ -498,7 +427,7 @@ class ClusterCache:
         if old is None and new is not None and new[1].gpus and self.on_bound is not None:
             self.on_bound(new[0], new[1].node)
 
-    def _account(self, record: _PodRecord, sign: int) -> None:
+    def _account(self, record: PodRecord, sign: int) -> None:
         _add(self._used, record.node, sign * record.gpus)
         if record.gpus:
             _add(self._cpu_used, record.node, sign * record.cpu_milli)
@@ -529,87 +458,19 @@ class ClusterCache:
         coordination_api: Any = None,
         lease_namespace: str | None = None,
     ) -> None:
-        """Reflect Nodes and Pods (``core_api``: CoreV1Api); when ``resource_api``
-        (ResourceV1Api) is given, DeviceClasses, ResourceSlices and ResourceClaims; and
-        when ``coordination_api`` (CoordinationV1Api) and ``lease_namespace`` are, the
-        agents' heartbeat Leases in that namespace. Each in a daemon thread. The DRA
-        kinds and the Leases are optional: a cluster that does not serve them (or
-        forbids reading them) has none, and says so; without heartbeats the heartbeat
-        policy holds nothing against any node."""
-        from gpu_scheduler.kube import reset_connections
+        """Reflect the kinds the cache keeps, each in a daemon thread
+        (:func:`extender.sources.reflectors` says which and how)."""
+        from extender.sources import reflectors
 
-        def reset() -> None:
-            reset_connections(core_api.api_client)
-
-        sources: dict[str, tuple[Any, dict[str, Any], Any, Any, bool]] = {
-            "nodes": (core_api.list_node, {}, self.replace_nodes, self.node_event, False),
-            "pods": (
-                core_api.list_pod_for_all_namespaces,
-                {"field_selector": POD_FIELD_SELECTOR},
-                self.replace_pods,
-                self.pod_event,
-                False,
-            ),
-        }
-        if resource_api is not None:
-            sources |= {
-                "deviceclasses": (
-                    resource_api.list_device_class,
-                    {},
-                    self.replace_device_classes,
-                    self.device_class_event,
-                    True,
-                ),
-                "resourceslices": (
-                    resource_api.list_resource_slice,
-                    {},
-                    self.replace_slices,
-                    self.slice_event,
-                    True,
-                ),
-                "resourceclaims": (
-                    resource_api.list_resource_claim_for_all_namespaces,
-                    {},
-                    self.replace_claims,
-                    self.claim_event,
-                    True,
-                ),
-                # KEP-5055's rules that taint devices (GA in 1.37; absent before: the
-                # kind is optional, like the other DRA kinds)
-                "devicetaintrules": (
-                    resource_api.list_device_taint_rule,
-                    {},
-                    self.replace_taint_rules,
-                    self.taint_rule_event,
-                    True,
-                ),
-            }
-        if coordination_api is not None and lease_namespace:
-            sources["leases"] = (
-                coordination_api.list_namespaced_lease,
-                {"namespace": lease_namespace, "label_selector": contract.LEASE_SELECTOR},
-                self.replace_leases,
-                self.lease_event,
-                True,
-            )
-        for kind, (func, params, replace, apply, optional) in sources.items():
-            classes = self.reflectors.get("deviceclasses")
-            self.reflectors[kind] = Reflector(
-                kind,
-                func,
-                params,
-                replace,
-                apply,
-                stop=self._stop,
-                reset_connections=reset,
-                clock=self._monotonic,
-                optional=optional,
-                after=(
-                    classes.synced
-                    if classes is not None and kind not in ("resourceclaims", "devicetaintrules")
-                    else None
-                ),
-            )
+        self.reflectors = reflectors(
+            self,
+            core_api,
+            resource_api,
+            coordination_api,
+            lease_namespace,
+            self._stop,
+            self._monotonic,
+        )
         for reflector in self.reflectors.values():
             reflector.start()
 

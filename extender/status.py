@@ -101,7 +101,8 @@ def cluster_status(api_client: Any, namespace: str = "gpu-scheduler") -> str:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    from extender.cache import POD_FIELD_SELECTOR, ClusterCache
+    from extender.cache import ClusterCache
+    from extender.sources import POD_FIELD_SELECTOR
     from gpu_scheduler import contract
 
     core = client.CoreV1Api(api_client)

@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from extender.app import create_app
-from extender.cache import ClusterCache, pod_record
+from extender.cache import ClusterCache
+from extender.records import pod_record
 from gpu_scheduler import contract
 from tests.factories import make_lease, make_node, make_pod
 from tests.fakeapi import synced_cache

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from extender.cache import pod_record
+from extender.records import pod_record
 from tests.bench import relist_memory as rm
 from tests.bench import scale_lab as lab
 

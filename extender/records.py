@@ -1,0 +1,80 @@
+"""What the cluster cache keeps of a bound pod: its node, GPUs, placement group, the
+products it is restricted to, and the CPU and memory beside its GPUs (the workload
+mix's shape). Reduced from the Pod's JSON as it arrives, never kept whole."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from extender.workload import TaskShape, task_shape
+from gpu_scheduler import contract
+from gpu_scheduler.constraints import parse_products
+from gpu_scheduler.fields import FieldError
+
+
+class PodRecord:
+    __slots__ = ("cpu_milli", "gpus", "group", "node", "products", "ram_mib")
+
+    def __init__(
+        self,
+        node: str,
+        gpus: int,
+        group: tuple[str, str] | None,
+        products: tuple[str, ...] | None = None,
+        cpu_milli: int = 0,
+        ram_mib: int = 0,
+    ) -> None:
+        self.node = node
+        self.gpus = gpus
+        self.group = group
+        self.products = products  # gpu-products it is restricted to, if any
+        self.cpu_milli = cpu_milli
+        self.ram_mib = ram_mib
+
+    def shape(self) -> TaskShape:
+        return task_shape(self.gpus, self.cpu_milli, self.ram_mib, self.products)
+
+
+def pod_record(pod: Mapping[str, Any]) -> tuple[str, PodRecord] | None:
+    """(uid, record) for a bound pod worth keeping, else None. Never raises: a pod
+    whose GPU request cannot be read counts as asking for none."""
+    meta = pod.get("metadata")
+    spec = pod.get("spec")
+    status = pod.get("status")
+    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+        return None
+    node = spec.get("nodeName")
+    if not isinstance(node, str) or not node:
+        return None
+    if isinstance(status, Mapping) and status.get("phase") in contract.TERMINAL_PHASES:
+        return None
+    uid = pod_uid(meta)
+    try:
+        gpus = contract.pod_gpu_request(spec)
+    except FieldError:
+        gpus = 0
+    annotations = meta.get("annotations")
+    annotations = annotations if isinstance(annotations, Mapping) else {}
+    group_name = annotations.get(contract.ANN_GROUP)
+    namespace = meta.get("namespace")
+    group = None
+    if isinstance(group_name, str) and group_name:
+        group = (sys.intern(namespace if isinstance(namespace, str) else "default"), group_name)
+    if gpus == 0 and group is None:
+        return None
+    raw = annotations.get(contract.ANN_GPU_PRODUCTS)
+    products = parse_products(raw) if gpus and isinstance(raw, str) else None
+    restricted = tuple(sorted(sys.intern(p) for p in products)) if products else None
+    cpu_milli, ram_mib = contract.pod_cpu_memory(spec) if gpus else (0, 0)
+    return uid, PodRecord(sys.intern(node), gpus, group, restricted, cpu_milli, ram_mib)
+
+
+def pod_uid(meta: Any) -> str:
+    if not isinstance(meta, Mapping):
+        return ""
+    uid = meta.get("uid")
+    if isinstance(uid, str) and uid:
+        return uid
+    return f"{meta.get('namespace')}/{meta.get('name')}"
