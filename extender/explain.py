@@ -32,6 +32,7 @@ import numpy as np
 
 from extender import metrics
 from gpu_scheduler.textclip import clip_text as clip
+from gpu_scheduler.timestamps import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +210,7 @@ def event_name(pod: str, uid: str) -> str:
 
 
 def event_body(d: Decision, chosen: str, now: datetime, instance: str) -> dict[str, Any]:
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = rfc3339(now)
     return {
         "apiVersion": "v1",
         "kind": "Event",

@@ -38,7 +38,6 @@ OPERATORS = ("Exists", "Equal")
 MIN_BODY_BYTES = 64 << 10
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _KEYS = {"schedulerName", "extraTolerations", "maxBodyBytes", "nodeAffinity"}
 _AFFINITY_KEYS = {"enabled", "platform", "productValues"}
 
@@ -131,7 +130,7 @@ def _qualified_name(key: str) -> bool:
     prefix, _, name = key.rpartition("/")
     if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
         return False
-    return 0 < len(name) <= 63 and bool(_NAME_PART.match(name))
+    return bool(name) and is_label_value(name)  # a key's name part: a label value
 
 
 def config_from_mapping(data: Mapping[str, Any] | None) -> WebhookConfig:
