@@ -140,6 +140,9 @@ def desired_state(inventory: Inventory, *, manage_capacity: bool = True) -> Desi
         labels[contract.LABEL_GPU_COMPUTE_MAJOR] = str(major)
         labels[contract.LABEL_GPU_COMPUTE_MINOR] = str(minor)
     labels.update(version_labels(inventory))
+    sick = len(gpus) - len(inventory.healthy)
+    if sick:
+        labels[contract.LABEL_GPUS_UNHEALTHY] = str(sick)
     valid = {k: v for k, v in labels.items() if contract.is_label_value(v)}
     return Desired(valid, annotations, capacity)
 

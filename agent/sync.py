@@ -137,7 +137,8 @@ def plan_sync(
 ) -> Plan:
     changed: list[str] = []
     labels: dict[str, str | None] = {}
-    for key in contract.AGENT_LABELS if write_gfd_labels else ():
+    owned = (*contract.AGENT_LABELS, *contract.AGENT_OWN_LABELS) if write_gfd_labels else ()
+    for key in owned or contract.AGENT_OWN_LABELS:
         want = desired.labels.get(key)
         if node.labels.get(key) != want and (want is not None or key in node.labels):
             labels[key] = want

@@ -77,6 +77,15 @@ AGENT_LABELS: tuple[str, ...] = (
     LABEL_MPS_CAPABLE,
 )
 
+#: The project's own Node label: how many of the node's GPUs the agent reads unhealthy,
+#: absent when none. The extender reads the per-GPU annotation; this label is there so
+#: that a change of health is a Node label change, which kube-scheduler's queue reacts
+#: to (a pod pending on a sick GPU is retried when it recovers), and so that
+#: ``kubectl get nodes -l gpu-scheduler.io/gpus-unhealthy`` finds the sick nodes.
+LABEL_GPUS_UNHEALTHY = "gpu-scheduler.io/gpus-unhealthy"
+#: Labels the agent writes whether or not GPU Feature Discovery labels the node.
+AGENT_OWN_LABELS: tuple[str, ...] = (LABEL_GPUS_UNHEALTHY,)
+
 # Well-known labels written by others and read by the extender.
 LABEL_ZONE = "topology.kubernetes.io/zone"
 LABEL_EKS_CAPACITY_TYPE = "eks.amazonaws.com/capacityType"  # SPOT / ON_DEMAND

@@ -26,7 +26,8 @@ HEADER = """\
 # "patch nodes"; this policy narrows every update by the agent's ServiceAccount to:
 #   - the Node named by its token's node claim (a bound token: the kubelet mounts one,
 #     bound to the agent's pod, carrying authentication.kubernetes.io/node-name);
-#   - on it, only the label and annotation keys the agent owns (AGENT_LABELS and
+#   - on it, only the label and annotation keys the agent owns (AGENT_LABELS,
+#     AGENT_OWN_LABELS and
 #     AGENT_ANNOTATIONS of the contract);
 #   - no change to the spec (taints, unschedulable, ...), owner references or
 #     finalizers;
@@ -261,7 +262,7 @@ def render(user: str, labels: str = "") -> str:
         pod_uid=_claim("podUID", "pod-uid"),
         node_binding=_binding("gpu-scheduler-agent-own-node", labels),
         lease_binding=_binding("gpu-scheduler-agent-own-lease", labels),
-        owned_labels=_quoted(contract.AGENT_LABELS),
+        owned_labels=_quoted((*contract.AGENT_LABELS, *contract.AGENT_OWN_LABELS)),
         owned_annotations=_quoted(contract.AGENT_ANNOTATIONS),
         labels=labels,
         lease_label=contract.LEASE_LABEL,

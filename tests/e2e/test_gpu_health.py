@@ -2,8 +2,9 @@
 plugin still advertises 8; one GPU reports XID 79 (fallen off the bus) to the agent,
 through the fake inventory's scripted XIDs. The agent publishes it at its next read,
 the extender gives no pod the sick GPU and says which it is, and once the XID has
-stopped for the agent's quiet period, the GPU is offered again (to a pod's next
-scheduling attempt: see the README on when kube-scheduler retries a pending one)."""
+stopped for the agent's quiet period, the GPU is offered again and the pending pod
+is placed (the agent's unhealthy-count label changes, which kube-scheduler retries
+pending pods on)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def test_a_sick_gpu_is_not_offered_and_is_again_once_it_recovers(stack, tmp_path
         sick["gpus"][3]["xid"] = 79
         inventory.write_text(yaml.safe_dump(sick))
         wait_for(lambda: '"xid":79' in annotation(), 30, "GPU-e2e-3's XID published")
+        assert _labels(stack, node)[contract.LABEL_GPUS_UNHEALTHY] == "1"
 
         whole = unique("eight")
         create_pod(stack, pod_manifest(whole, 8, case=case))
@@ -63,18 +65,18 @@ def test_a_sick_gpu_is_not_offered_and_is_again_once_it_recovers(stack, tmp_path
         assert core(stack).read_namespaced_pod(whole, "default").spec.node_name is None
 
         inventory.write_text(yaml.safe_dump(h100_inventory(8)))  # the XID stops: recovery
-        wait_for(lambda: '"healthy":false' not in annotation(), 30, "GPU-e2e-3 healthy again")
-        # The pending pod is retried at kube-scheduler's next cluster event or its
-        # periodic flush of unschedulable pods (up to 5 minutes): an annotation change
-        # is no event its queue reacts to. A new pod's first attempt shows the GPU is
-        # offered again.
-        delete_pod(stack, whole)
-        again = unique("eight")
-        create_pod(stack, pod_manifest(again, 8, case=case))
-        assert wait_bound(stack, again, timeout=60) == node
+        # The agent's gpus-unhealthy label goes with the sickness: a Node label change,
+        # which makes kube-scheduler retry the pending pod at once (an annotation
+        # change alone would leave it to the queue's 5-minute flush).
+        wait_for(lambda: contract.LABEL_GPUS_UNHEALTHY not in _labels(stack, node), 30, "label")
+        assert wait_bound(stack, whole, timeout=60) == node
         assert agent.alive(), agent.tail()
     finally:
         stack.cluster.stop_process(agent.name)
+
+
+def _labels(stack, node: str) -> dict[str, str]:
+    return core(stack).read_node(node).metadata.labels or {}
 
 
 def _exists(stack, name: str) -> bool:

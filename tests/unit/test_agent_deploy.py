@@ -178,7 +178,10 @@ def test_admission_policy_confines_the_agent_to_the_contract_keys() -> None:
     policy, binding, lease_policy, lease_binding = docs("admission-policy.yaml")
     assert policy["kind"] == "ValidatingAdmissionPolicy"
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
-    assert _cel_string_list(variables["ownedLabels"]) == list(contract.AGENT_LABELS)
+    assert _cel_string_list(variables["ownedLabels"]) == [
+        *contract.AGENT_LABELS,
+        *contract.AGENT_OWN_LABELS,
+    ]
     assert _cel_string_list(variables["ownedAnnotations"]) == list(contract.AGENT_ANNOTATIONS)
     # It matches the agent's own ServiceAccount, in the namespace the base installs to.
     (account,) = [d for d in docs("rbac.yaml") if d["kind"] == "ServiceAccount"]

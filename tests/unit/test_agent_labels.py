@@ -251,9 +251,11 @@ def test_label_value_is_always_valid(text: str) -> None:
 @pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_fixture_gives_valid_labels(path: Path) -> None:
     desired = desired_state(FakeBackend(path).read())
-    assert set(desired.labels) <= set(contract.AGENT_LABELS)
+    assert set(desired.labels) <= {*contract.AGENT_LABELS, *contract.AGENT_OWN_LABELS}
     assert all(is_label_value(v) for v in desired.labels.values())
     assert desired.capacity[contract.RESOURCE_GPU].isdigit()
+    sick = sum(1 for g in FakeBackend(path).read().gpus if not g.healthy)
+    assert desired.labels.get(contract.LABEL_GPUS_UNHEALTHY) == (str(sick) if sick else None)
 
 
 # --- parity with GPU Feature Discovery ----------------------------------------------

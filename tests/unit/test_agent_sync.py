@@ -208,3 +208,19 @@ def _merge(target: dict, patch: dict) -> dict:
         else:
             out[key] = value
     return out
+
+
+def test_the_unhealthy_count_label_is_written_even_where_gfd_labels_the_node() -> None:
+    """GFD's keys are left to GFD there; the project's own label is not: a change of
+    health must be a Node label change, which kube-scheduler's queue retries pods on."""
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures" / "gpus"
+    sick = desired_state(FakeBackend(fixtures / "h100x8-unhealthy.yaml").read())
+    gfd = {contract.LABEL_GFD_TIMESTAMP: "1", contract.LABEL_GPU_PRODUCT: "X"}
+    node = NodeState("gpu-1", dict(gfd), {}, None, "7")
+    plan = plan_sync(sick, node, manage_capacity=False, write_gfd_labels=False)
+    labels = plan.metadata_patch["metadata"]["labels"]
+    assert labels == {contract.LABEL_GPUS_UNHEALTHY: sick.labels[contract.LABEL_GPUS_UNHEALTHY]}
+    healed = desired_state(FakeBackend(fixtures / "h100x8.yaml").read())
+    node = NodeState("gpu-1", {**gfd, contract.LABEL_GPUS_UNHEALTHY: "1"}, {}, None, "8")
+    plan = plan_sync(healed, node, manage_capacity=False, write_gfd_labels=False)
+    assert plan.metadata_patch["metadata"]["labels"] == {contract.LABEL_GPUS_UNHEALTHY: None}
