@@ -28,6 +28,7 @@ from typing import Any
 from agent import metrics
 from agent.health import HealthTracker
 from agent.loop import backoff_delay
+from agent.nvml import describe_error, text
 
 log = logging.getLogger("gpu_scheduler.agent")
 
@@ -79,7 +80,7 @@ class NvmlEvents:
                 delay = backoff_delay(failures, *self.backoff_s)
                 log.warning(
                     "NVML event loop stopped; starting again",
-                    extra={"error": _describe(exc), "retry_in_s": delay},
+                    extra={"error": describe_error(exc), "retry_in_s": delay},
                 )
                 self.registered = None
                 self.stop.wait(delay)
@@ -122,7 +123,7 @@ class NvmlEvents:
                     registered += 1
             except nvml.NVMLError as exc:  # too old for events: its reads still count
                 log.warning(
-                    "GPU cannot report events", extra={"gpu": index, "error": _describe(exc)}
+                    "GPU cannot report events", extra={"gpu": index, "error": describe_error(exc)}
                 )
         return registered
 
@@ -130,10 +131,10 @@ class NvmlEvents:
         """One event: to the tracker, and wake the loop when it marks a GPU."""
         kind = int(getattr(data, "eventType", 0) or 0)
         try:
-            uuid = _text(self.nvml.nvmlDeviceGetUUID(data.device))
+            uuid = text(self.nvml.nvmlDeviceGetUUID(data.device))
         except Exception as exc:
             metrics.EVENTS.labels("unattributed").inc()
-            log.warning("NVML event for a GPU it cannot name", extra={"error": _describe(exc)})
+            log.warning("NVML event for a GPU it cannot name", extra={"error": describe_error(exc)})
             return
         wall, mono = self.wall(), self.monotonic()
         if kind & XID_CRITICAL:
@@ -149,14 +150,3 @@ class NvmlEvents:
             metrics.EVENTS.labels("ecc-single").inc()  # corrected: counted, not held
         else:
             metrics.EVENTS.labels("other").inc()
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _describe(exc: BaseException) -> str:
-    try:
-        return f"{type(exc).__name__}: {exc}"[:300]
-    except Exception:  # pynvml's __str__ calls into NVML
-        return type(exc).__name__

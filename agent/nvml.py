@@ -42,7 +42,7 @@ class NvmlBackend:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
             raise InventoryError(
-                f"NVML could not be initialised ({_describe(exc)}): is the NVIDIA driver "
+                f"NVML could not be initialised ({describe_error(exc)}): is the NVIDIA driver "
                 "loaded, and does the container see it (runtimeClassName: nvidia, or "
                 "NVIDIA_VISIBLE_DEVICES/NVIDIA_DRIVER_CAPABILITIES with the nvidia runtime)?"
             ) from exc
@@ -56,11 +56,11 @@ class NvmlBackend:
 
     def _read(self, nvml: Any) -> Inventory:
         try:
-            driver = _str(nvml.nvmlSystemGetDriverVersion())
+            driver = text(nvml.nvmlSystemGetDriverVersion())
             cuda = cuda_version_text(_cuda_driver_version(nvml))
             count = int(nvml.nvmlDeviceGetCount())
         except nvml.NVMLError as exc:
-            raise InventoryError(f"NVML failed reading the system: {_describe(exc)}") from exc
+            raise InventoryError(f"NVML failed reading the system: {describe_error(exc)}") from exc
         if not DRIVER_VERSION.match(driver):
             raise InventoryError(f"NVML reported an unreadable driver version {driver!r}")
         return Inventory(driver, cuda, tuple(self._gpu(nvml, i) for i in range(count)))
@@ -71,8 +71,8 @@ class NvmlBackend:
         uuid, name, memory, compute = f"unknown-{index}", "unknown", 0, ""
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = _str(nvml.nvmlDeviceGetUUID(handle))
-            name = _str(nvml.nvmlDeviceGetName(handle))
+            uuid = text(nvml.nvmlDeviceGetUUID(handle))
+            name = text(nvml.nvmlDeviceGetName(handle))
             memory = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // _MIB
             major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
             compute = f"{int(major)}.{int(minor)}"
@@ -87,7 +87,7 @@ class NvmlBackend:
                 memory_mib=memory,
                 compute_capability=compute,
                 healthy=False,
-                reason=f"NVML error: {_describe(exc)}",
+                reason=f"NVML error: {describe_error(exc)}",
             )
         return Gpu(
             index=index,
@@ -105,7 +105,7 @@ class NvmlBackend:
 
     def _pci_class(self, nvml: Any, handle: Any) -> str:
         try:
-            bus_id = _str(nvml.nvmlDeviceGetPciInfo(handle).busId)
+            bus_id = text(nvml.nvmlDeviceGetPciInfo(handle).busId)
         except (nvml.NVMLError, AttributeError):
             return ""  # gpu.mode then says "unknown", as GFD does; nothing else depends on it
         return _pci_class(self._sysfs, bus_id)
@@ -162,8 +162,8 @@ def _mig_devices(nvml: Any, handle: Any) -> tuple[MigDevice, ...]:
         devices.append(
             MigDevice(
                 index=slot,
-                uuid=_str(nvml.nvmlDeviceGetUUID(mig)),
-                name=_str(nvml.nvmlDeviceGetName(mig)),
+                uuid=text(nvml.nvmlDeviceGetUUID(mig)),
+                name=text(nvml.nvmlDeviceGetName(mig)),
                 memory_mib=int(nvml.nvmlDeviceGetMemoryInfo(mig).total) // _MIB,
             )
         )
@@ -219,14 +219,17 @@ def _not_supported(exc: BaseException) -> bool:
     return _code(exc) == _NOT_SUPPORTED
 
 
-def _describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
+    """An NVML error in words, with its code (never raising: pynvml's ``__str__``
+    itself calls into NVML)."""
     try:
-        text = str(exc)
+        words = str(exc)
     except Exception:  # pynvml's __str__ itself calls into NVML
-        text = type(exc).__name__
+        words = type(exc).__name__
     code = _code(exc)
-    return f"{text} (code {code})" if code is not None else text
+    return f"{words} (code {code})" if code is not None else words
 
 
-def _str(value: Any) -> str:
+def text(value: Any) -> str:
+    """An NVML string (bytes from older bindings) as text."""
     return value.decode() if isinstance(value, bytes) else str(value)

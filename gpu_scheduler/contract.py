@@ -374,12 +374,12 @@ def gpu_health(value: Any, replicas: int = 1, mig_single: bool = False) -> GpuHe
     shares it that many ways); a healthy GPU in MIG mode counts its MIG devices under
     GFD's single strategy (``mig_single``: they are ``nvidia.com/gpu`` then) and none
     otherwise (under the mixed strategy they are other resources)."""
-    import json
+    from gpu_scheduler.kube import decode_json
 
     if not isinstance(value, str) or not value or len(value) > MAX_GPUS_ANNOTATION:
         return None
     try:
-        gpus = json.loads(value)
+        gpus = decode_json(value)
     except (ValueError, RecursionError):  # RecursionError: nested too deep
         return None
     if not isinstance(gpus, list):
