@@ -200,6 +200,9 @@ def test_a_tainted_dra_device_is_not_offered(lab, dra_nodes):
     takes one more device out, and gives it back when deleted."""
     from extender.status import cluster_status
 
+    minor = int(client.VersionApi(lab.api).get_code().minor.rstrip("+"))
+    if minor < 37:  # before GA the API server drops device taints (DRADeviceTaints off)
+        pytest.skip(f"device taints are served from 1.37; this control plane is 1.{minor}")
     node = create_node(lab, "dra-sick", case="dra-sick", taints=GPU_TAINT)
     taint = {"key": "gpu.nvidia.com/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
     publish_slice(lab, node, "NVIDIA L4", 23034, 4, taints={1: [taint]})
