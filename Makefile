@@ -20,7 +20,7 @@ HAVE_GO := $(shell command -v go 2>/dev/null)
 HAVE_IMAGE_TOOLS := $(shell command -v buildah >/dev/null && command -v debootstrap >/dev/null \
   && command -v gcc >/dev/null && [ "$$(id -u)" = 0 ] && echo yes)
 
-.PHONY: test lint unit install controlplane controlplanes e2e image demo bench bench-scale clean
+.PHONY: test lint unit install controlplane controlplanes kueue e2e image demo bench bench-scale clean
 
 install: $(STAMP)
 
@@ -38,13 +38,18 @@ controlplane:
 controlplane-%:
 	$(K8S_BUILD) $*
 
+# Kueue (sigs.k8s.io/kueue/cmd/kueue and its config/), for the gang and topology e2e
+# tests: tools/k8s/kueue is its own Go module; built into .cache/k8s/kueue-<version>-<hash>/.
+kueue:
+	$(K8S_BUILD) kueue
+
 # Every supported minor (the version matrix).
 controlplanes: $(addprefix controlplane-,$(K8S_MINORS))
 
 # The whole e2e suite on one minor: make e2e K8S_MINOR=1.34 (helm from the newest; the
 # oldest for the version tests, which run against every minor under test).
 e2e: $(STAMP) controlplane-$(K8S_MINOR) controlplane-$(lastword $(K8S_MINORS)) \
-    controlplane-$(K8S_OLDEST) $(if $(HAVE_IMAGE_TOOLS),image)
+    controlplane-$(K8S_OLDEST) kueue $(if $(HAVE_IMAGE_TOOLS),image)
 	GPU_SCHEDULER_K8S_BIN=$$($(K8S_BUILD) --path $(K8S_MINOR)) $(BIN)/pytest tests/e2e
 
 # The project image from the Dockerfile (buildah, no daemon) on a Debian base made with
@@ -61,7 +66,7 @@ unit: $(STAMP)
 # The README's test command: lint, unit, HTTP and property tests, and the end-to-end
 # tests on the real control plane (built first where Go is installed; in CI it must be),
 # one of them on a real node running the image (built first where buildah is installed).
-test: $(STAMP) $(if $(HAVE_GO),controlplane controlplane-$(K8S_OLDEST)) $(if $(HAVE_IMAGE_TOOLS),image)
+test: $(STAMP) $(if $(HAVE_GO),controlplane controlplane-$(K8S_OLDEST) kueue) $(if $(HAVE_IMAGE_TOOLS),image)
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 

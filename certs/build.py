@@ -74,8 +74,12 @@ def new_key() -> PrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def build_ca(key: PrivateKey, now: dt.datetime, days: int, name: str) -> x509.Certificate:
-    """A self-signed CA that may sign end-entity certificates only (pathLen 0)."""
+def build_ca(
+    key: PrivateKey, now: dt.datetime, days: int, name: str, *, dns_names: Iterable[str] = ()
+) -> x509.Certificate:
+    """A self-signed CA that may sign end-entity certificates only (pathLen 0).
+    ``dns_names``: SANs of the CA itself, for tools that verify their CA by a name
+    (Kueue's certificate rotation checks its CA for ``kueue-ca``)."""
     _check_days(days)
     subject = x509.Name(
         [
@@ -84,7 +88,7 @@ def build_ca(key: PrivateKey, now: dt.datetime, days: int, name: str) -> x509.Ce
         ]
     )
     public = key.public_key()
-    return (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(subject)
         .issuer_name(subject)
@@ -92,7 +96,12 @@ def build_ca(key: PrivateKey, now: dt.datetime, days: int, name: str) -> x509.Ce
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - BACKDATE)
         .not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+    )
+    sans = [x509.DNSName(n) for n in dns_names]
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return (
+        builder.add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
                 digital_signature=True,

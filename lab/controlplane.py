@@ -47,6 +47,8 @@ CONTROLLERS = (
     "deployment",
     "namespace",
     "garbagecollector",
+    # batch/Job: the pods of the Jobs Kueue admits (lab.kueue).
+    "job",
     "serviceaccount",
     "serviceaccount-token",
     # DRA: frees the devices of a finished pod's claims (kube-scheduler allocates them).
@@ -107,9 +109,24 @@ def binary_minor(binary: Path) -> int:
 def feature_gates(minor: int) -> tuple[str, ...]:
     """Gates the lab turns on where a minor has them off by default: DRA's mapping of an
     extended resource (``nvidia.com/gpu``) to a DeviceClass, alpha in 1.34 and 1.35 and
-    on by default from 1.36. A cluster that serves GPU pods from a DRA driver on 1.34 or
-    1.35 turns it on the same way, in the API server and the scheduler."""
-    return ("DRAExtendedResource=true",) if minor < 36 else ()
+    on by default from 1.36; and from 1.37, where it is beta (off by default), the
+    Workload / PodGroup API and kube-scheduler's gang scheduling (``GenericWorkload``).
+    A cluster that wants either turns it on the same way, in the API server and the
+    scheduler (see :func:`runtime_config` for the API version it also serves)."""
+    if minor < 36:
+        return ("DRAExtendedResource=true",)
+    return ("GenericWorkload=true",) if minor >= GANG_MINOR else ()
+
+
+GANG_MINOR = 37  # the first minor whose gang scheduling (GenericWorkload) the lab runs
+
+
+def runtime_config(gates: tuple[str, ...]) -> tuple[str, ...]:
+    """kube-apiserver API versions the lab serves beyond the defaults: with
+    ``GenericWorkload`` on, ``scheduling.k8s.io/v1beta1`` (PodGroup, Workload), a beta
+    API and so off unless named, even with its feature gate on."""
+    on = "GenericWorkload=true" in gates
+    return ("--runtime-config=scheduling.k8s.io/v1beta1=true",) if on else ()
 
 
 def tools_binary() -> Path | None:
@@ -424,6 +441,7 @@ def _start_core(
             "--profiling=false",
             "-v=1",
             *cluster.gate_flags(),
+            *runtime_config(cluster.gates),
             *apiserver_args,
         ],
     )

@@ -6,9 +6,15 @@
 #   tools/k8s/build.sh [MINOR]          build (MINOR: 1.34 ... 1.37; default the newest)
 #   tools/k8s/build.sh --path [MINOR]   print where that build is (or would be) only
 #   tools/k8s/build.sh --minors         list the supported minors, oldest first
+#   tools/k8s/build.sh kueue            Kueue (sigs.k8s.io/kueue/cmd/kueue) and its
+#                                       config/ (CRDs, webhooks, RBAC, Configuration)
+#   tools/k8s/build.sh --path kueue     where that build is (or would be)
 #
 # The newest minor's module is tools/k8s itself (it also carries helm: helm.go); each
 # older one is tools/k8s/v1.NN, a go.mod of its own that links tools/k8s/components.go.
+# Kueue is tools/k8s/kueue, a go.mod of its own (a `tool` directive), as its Kubernetes
+# libraries are older than ours; its config/ is copied from the module beside the binary,
+# so the lab installs what that release ships.
 set -euo pipefail
 cd "$(dirname "$0")"
 HERE=$(pwd)
@@ -46,9 +52,34 @@ path_of() {
   echo "$ROOT/.cache/k8s/$version-$hash/k8s"
 }
 
+KUEUE_TOOL=sigs.k8s.io/kueue/cmd/kueue
+kueue_version() { sed -n 's|^\s*sigs.k8s.io/kueue \(v[0-9.]*\).*|\1|p' "$HERE/kueue/go.mod" | head -1; }
+kueue_path() {
+  local hash
+  hash=$(cat "$HERE/kueue/go.mod" "$HERE/kueue/go.sum" | sha1sum | cut -c1-8)
+  echo "$ROOT/.cache/k8s/kueue-$(kueue_version)-$hash/kueue"
+}
+
+build_kueue() {
+  local bin version start src
+  bin=$(kueue_path); version=$(kueue_version)
+  [ -x "$bin" ] && [ -d "$(dirname "$bin")/config" ] && { echo "kueue $version: $bin"; return 0; }
+  mkdir -p "$(dirname "$bin")"
+  echo "building Kueue $version into $(dirname "$bin") (cold: 4-10 min on 2 cores)"
+  start=$SECONDS
+  (cd "$HERE/kueue" && go build -v -trimpath -ldflags="-s -w" -o "$bin.tmp" "$KUEUE_TOOL" 2>&1) \
+    | awk -v v="$version" '{ n++; printf "\r[kueue %s] %5d packages built: %-60.60s", v, n, $0; fflush() } END { print "" }'
+  src=$(cd "$HERE/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
+  rm -rf "$(dirname "$bin")/config" && cp -r "$src/config" "$(dirname "$bin")/config"
+  chmod -R u+w "$(dirname "$bin")/config"
+  test -x "$bin.tmp" && mv "$bin.tmp" "$bin"
+  echo "kueue $version ready in $((SECONDS - start)) s: $bin"
+}
+
 case "${1:-}" in
   --minors) minors; exit 0 ;;
-  --path) path_of "${2:-$(newest)}"; exit 0 ;;
+  --path) if [ "${2:-}" = kueue ]; then kueue_path; else path_of "${2:-$(newest)}"; fi; exit 0 ;;
+  kueue) build_kueue; exit 0 ;;
 esac
 minor=${1:-$(newest)}
 bin=$(path_of "$minor")
