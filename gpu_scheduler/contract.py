@@ -13,7 +13,14 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from gpu_scheduler.fields import FieldError, expect_object, key_path, list_at, object_at
+from gpu_scheduler.fields import (
+    FieldError,
+    expect_object,
+    key_path,
+    list_at,
+    object_at,
+    string_at,
+)
 from gpu_scheduler.quantity import QuantityError, parse_quantity, type_name
 from gpu_scheduler.textclip import clip, clip_text
 
@@ -88,6 +95,19 @@ AGENT_OWN_LABELS: tuple[str, ...] = (LABEL_GPUS_UNHEALTHY,)
 
 # Well-known labels written by others and read by the extender.
 LABEL_ZONE = "topology.kubernetes.io/zone"
+#: Network-topology node labels, the tightest domain first: the levels along which the
+#: ``group`` policy packs a placement group by default (extender ``groupLevels``).
+#: NVIDIA's NVLink domain (GFD and the DRA driver write it on GB200-class systems);
+#: GKE's sub-block, then block; AWS's network layers from the node's (3) up (1); zone.
+TOPOLOGY_LEVELS: tuple[str, ...] = (
+    "nvidia.com/gpu.clique",
+    "cloud.google.com/gce-topology-subblock",
+    "cloud.google.com/gce-topology-block",
+    "topology.k8s.aws/network-node-layer-3",
+    "topology.k8s.aws/network-node-layer-2",
+    "topology.k8s.aws/network-node-layer-1",
+    LABEL_ZONE,
+)
 LABEL_EKS_CAPACITY_TYPE = "eks.amazonaws.com/capacityType"  # SPOT / ON_DEMAND
 LABEL_KARPENTER_CAPACITY_TYPE = "karpenter.sh/capacity-type"  # spot / on-demand / reserved
 LABEL_GKE_SPOT = "cloud.google.com/gke-spot"  # "true" on Spot VMs
@@ -121,6 +141,9 @@ ANN_GPU_PRODUCTS = "gpu-scheduler.io/gpu-products"
 ANN_PLACEMENT = "gpu-scheduler.io/placement"
 ANN_SPOT = "gpu-scheduler.io/spot"
 ANN_GROUP = "gpu-scheduler.io/group"
+#: The upstream gang field (Kubernetes 1.36+, ``GenericWorkload``): a pod joins a
+#: PodGroup (scheduling.k8s.io/v1beta1) by naming it in ``spec.schedulingGroup``.
+POD_GROUP_FIELD = ("schedulingGroup", "podGroupName")
 # Node annotations written by the agent.
 ANN_GPUS = "gpu-scheduler.io/gpus"
 #: The agent's heartbeat before it moved to Leases: a Node annotation refreshed every
@@ -224,6 +247,14 @@ def pod_gpu_request(spec: Any) -> int:
     return int(value)
 
 
+def pod_group_name(spec: Mapping[str, Any]) -> str | None:
+    """The PodGroup a pod spec (JSON form) joins (``spec.schedulingGroup.podGroupName``),
+    or None. Raises :class:`FieldError` for a field of the wrong type."""
+    outer, inner = POD_GROUP_FIELD
+    group = object_at(spec, outer, f"spec.{outer}")
+    return string_at(group, inner, f"spec.{outer}.{inner}") or None
+
+
 def pod_cpu_memory(spec: Any) -> tuple[int, int]:
     """A pod's CPU (millicores) and memory (MiB) requests, as kube-scheduler sums them;
     (0, 0) parts for a spec it cannot read (for preferences only: never raises)."""
@@ -308,6 +339,19 @@ _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 def is_label_value(value: str) -> bool:
     """Whether ``value`` is a valid label value (at most 63 characters)."""
     return len(value) <= MAX_LABEL_VALUE and bool(_LABEL_VALUE.match(value))
+
+
+#: apimachinery's DNS subdomain (IsDNS1123Subdomain), at most 253 characters.
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def is_label_key(key: str) -> bool:
+    """Whether ``key`` is a qualified name, as label and taint keys are: an optional
+    DNS-subdomain prefix and ``/``, then a non-empty name shaped like a label value."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not DNS_SUBDOMAIN.match(prefix)):
+        return False
+    return bool(name) and is_label_value(name)
 
 
 def product_label_value(name: str, *suffix: str) -> str:

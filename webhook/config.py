@@ -17,7 +17,6 @@ toleration that the API server would refuse would make every GPU pod fail creati
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -26,8 +25,10 @@ from typing import Any
 from gpu_scheduler.configfile import checked_mapping, load_yaml_file
 from gpu_scheduler.contract import (
     DEFAULT_SCHEDULER,
+    DNS_SUBDOMAIN,
     GPU_TOLERATION,
     SCHEDULER_NAME,
+    is_label_key,
     is_label_value,
 )
 from webhook.affinity import LabelMap
@@ -37,7 +38,6 @@ EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 OPERATORS = ("Exists", "Equal")
 MIN_BODY_BYTES = 64 << 10
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _KEYS = {"schedulerName", "extraTolerations", "maxBodyBytes", "nodeAffinity"}
 _AFFINITY_KEYS = {"enabled", "platform", "productValues"}
 
@@ -59,7 +59,7 @@ class WebhookConfig:
 
     def __post_init__(self) -> None:
         name = self.scheduler_name
-        if not isinstance(name, str) or len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        if not isinstance(name, str) or len(name) > 253 or not DNS_SUBDOMAIN.match(name):
             raise ConfigError(f"schedulerName must be a DNS subdomain, got {name!r}")
         if name == DEFAULT_SCHEDULER:
             raise ConfigError(f"schedulerName must not be {DEFAULT_SCHEDULER!r}")
@@ -106,7 +106,7 @@ def toleration_problem(t: Any) -> str | None:
     seconds = t.get("tolerationSeconds")
     if not isinstance(key, str) or not isinstance(value, str) or not isinstance(effect, str):
         return "key, value and effect must be strings"
-    if key and not _qualified_name(key):
+    if key and not is_label_key(key):
         return f"key {key!r} is not a qualified name"
     if operator not in OPERATORS:
         return f"operator must be one of {OPERATORS}"
@@ -124,13 +124,6 @@ def toleration_problem(t: Any) -> str | None:
         if effect != "NoExecute":
             return "tolerationSeconds needs effect NoExecute"
     return None
-
-
-def _qualified_name(key: str) -> bool:
-    prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
-        return False
-    return bool(name) and is_label_value(name)  # a key's name part: a label value
 
 
 def config_from_mapping(data: Mapping[str, Any] | None) -> WebhookConfig:

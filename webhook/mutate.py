@@ -13,6 +13,16 @@ Rules, for a pod that requests ``nvidia.com/gpu`` (counted by the shared contrac
   This is done for every GPU pod, also when another scheduler was kept, as
   Kubernetes' ExtendedResourceToleration admission plugin does.
 
+A pod that requests no GPU is left alone, with one exception: a member of a GPU gang.
+Kubernetes' gang scheduling (1.37, ``GenericWorkload``) rejects a PodGroup whose pods
+name different schedulers, so a CPU-only launcher (MPI, a coordinator) must go where its
+GPU workers go. A pod that joins a PodGroup (``spec.schedulingGroup.podGroupName``) and
+carries ``gpu-scheduler.io/group`` (which only such pods reach the webhook with: the
+configuration's matchConditions) gets the same ``spec.schedulerName`` rule as a GPU pod,
+and nothing else: no GPU toleration, no node affinity, as it uses no GPU. A launcher
+without the annotation keeps its scheduler, and kube-scheduler refuses its group with
+its own message (docs/GANGS.md).
+
 Coverage follows ``Toleration.ToleratesTaint``. For the GPU toleration
 ``{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}`` that means: an
 ``Exists`` toleration whose key is empty (matches every key) or ``nvidia.com/gpu``,
@@ -39,10 +49,12 @@ from typing import Any
 
 from gpu_scheduler.constraints import hard_constraints
 from gpu_scheduler.contract import (
+    ANN_GROUP,
     ANN_SKIP_MUTATION,
     DEFAULT_SCHEDULER,
     RESOURCE_GPU,
     pod_gpu_request,
+    pod_group_name,
 )
 from gpu_scheduler.fields import FieldError, expect_object, list_at, object_at, string_at
 from gpu_scheduler.textclip import clip_text
@@ -53,11 +65,21 @@ from webhook.config import WebhookConfig
 MUTATED = "mutated"
 UNCHANGED = "unchanged"  # a GPU pod that already had all it needs
 NO_GPU = "no-gpu"
+GANG_MEMBER = "gang-member"  # a CPU-only pod of a GPU gang, routed to the profile
 OPTED_OUT = "opted-out"
 UNINTERPRETABLE = "uninterpretable"
 IGNORED = "ignored"  # not a Pod CREATE
 REFUSED = "refused"  # its node affinity cannot be written within the cap
-OUTCOMES = (MUTATED, UNCHANGED, NO_GPU, OPTED_OUT, UNINTERPRETABLE, IGNORED, REFUSED)
+OUTCOMES = (
+    MUTATED,
+    UNCHANGED,
+    NO_GPU,
+    GANG_MEMBER,
+    OPTED_OUT,
+    UNINTERPRETABLE,
+    IGNORED,
+    REFUSED,
+)
 CHANGES = ("schedulerName", "tolerations", "nodeAffinity")
 
 WARNING_PREFIX = "gpu-scheduler: "
@@ -101,7 +123,7 @@ def decide(pod: Any, cfg: WebhookConfig) -> Decision:
     tolerations = list_at(spec, "tolerations", "spec.tolerations")
     have = [_checked_toleration(t, f"spec.tolerations[{i}]") for i, t in enumerate(tolerations)]
     if gpus <= 0:
-        return Decision(NO_GPU, scheduler=current or None)
+        return _gang_member(annotations, spec, current, decided, cfg)
 
     patch: list[dict[str, Any]] = []
     warnings: list[str] = []
@@ -109,13 +131,7 @@ def decide(pod: Any, cfg: WebhookConfig) -> Decision:
     scheduler = current or DEFAULT_SCHEDULER
     if decided:
         pass  # its node is chosen: the toleration below is all it needs
-    elif current in (None, "", DEFAULT_SCHEDULER) and cfg.scheduler_name != current:
-        op = "replace" if "schedulerName" in spec else "add"
-        patch.append({"op": op, "path": "/spec/schedulerName", "value": cfg.scheduler_name})
-        warnings.append(
-            f"{WARNING_PREFIX}set spec.schedulerName to {cfg.scheduler_name} "
-            f"(the pod requests {gpus} {RESOURCE_GPU})"
-        )
+    elif _routes(spec, current, cfg, f"the pod requests {gpus} {RESOURCE_GPU}", patch, warnings):
         changes.append("schedulerName")
         scheduler = cfg.scheduler_name
 
@@ -148,6 +164,52 @@ def decide(pod: Any, cfg: WebhookConfig) -> Decision:
         changes=tuple(changes),
         scheduler=scheduler,
         detail=decided or "",
+    )
+
+
+def _routes(
+    spec: Mapping[str, Any],
+    current: str | None,
+    cfg: WebhookConfig,
+    why: str,
+    patch: list[dict[str, Any]],
+    warnings: list[str],
+) -> bool:
+    """Set ``spec.schedulerName`` to the profile (patch and warning appended) unless the
+    pod chose another scheduler itself; whether it did."""
+    if current not in (None, "", DEFAULT_SCHEDULER) or cfg.scheduler_name == current:
+        return False
+    op = "replace" if "schedulerName" in spec else "add"
+    patch.append({"op": op, "path": "/spec/schedulerName", "value": cfg.scheduler_name})
+    warnings.append(f"{WARNING_PREFIX}set spec.schedulerName to {cfg.scheduler_name} ({why})")
+    return True
+
+
+def _gang_member(
+    annotations: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    current: str | None,
+    decided: str | None,
+    cfg: WebhookConfig,
+) -> Decision:
+    """A pod without GPUs: routed to the profile only as a member of a GPU gang (it
+    joins a PodGroup and carries ``gpu-scheduler.io/group``), else left alone."""
+    group = pod_group_name(spec)
+    member = isinstance(annotations.get(ANN_GROUP), str) and annotations.get(ANN_GROUP)
+    if not (group and member) or decided:
+        return Decision(NO_GPU, scheduler=current or None)
+    patch: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    why = f"a member of PodGroup {clip_text(group, 64)}, whose pods share one scheduler"
+    if not _routes(spec, current, cfg, why, patch, warnings):
+        return Decision(GANG_MEMBER, scheduler=current or None, detail=group)
+    return Decision(
+        GANG_MEMBER,
+        patch=patch,
+        warnings=warnings,
+        changes=("schedulerName",),
+        scheduler=cfg.scheduler_name,
+        detail=group,
     )
 
 

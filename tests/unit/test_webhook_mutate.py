@@ -96,6 +96,54 @@ def test_pod_with_node_name_keeps_its_scheduler() -> None:
     assert "schedulerName" not in patched(p)["spec"]
 
 
+# --- a CPU-only member of a GPU gang ------------------------------------------------------
+
+GANG = {"schedulingGroup": {"podGroupName": "train"}}
+
+
+def test_cpu_member_of_a_gpu_gang_gets_the_scheduler_only() -> None:
+    """A launcher that joins a PodGroup and names a placement group goes where its GPU
+    workers go (kube-scheduler refuses a group split between schedulers), and is given
+    nothing a GPU pod is: no GPU toleration, no node affinity."""
+    p = pod(None, annotations={"gpu-scheduler.io/group": "train"}, **GANG)
+    d = decide(p, CFG)
+    assert d.outcome == mutate.GANG_MEMBER and d.gpus == 0 and d.detail == "train"
+    assert d.patch == [{"op": "add", "path": "/spec/schedulerName", "value": "gpu-scheduler"}]
+    assert d.changes == ("schedulerName",) and d.scheduler == "gpu-scheduler"
+    assert "PodGroup train" in d.warnings[0]
+    out = patched(p)
+    assert "tolerations" not in out["spec"] and "affinity" not in out["spec"]
+    assert decide(out, CFG).patch == []  # idempotent
+
+
+@pytest.mark.parametrize(
+    "annotations, spec",
+    [
+        ({"gpu-scheduler.io/group": "train"}, {}),  # a placement group, no PodGroup
+        ({}, GANG),  # a gang, not ours
+        ({"gpu-scheduler.io/group": ""}, GANG),
+        ({"gpu-scheduler.io/group": "train"}, {**GANG, "schedulerName": "volcano"}),
+        ({"gpu-scheduler.io/group": "train"}, {**GANG, "nodeName": "n1"}),
+        ({"gpu-scheduler.io/group": "t", ANN_SKIP_MUTATION: "true"}, GANG),
+    ],
+)
+def test_other_cpu_pods_are_left_alone(annotations: dict[str, str], spec: dict) -> None:
+    d = decide(pod(None, annotations=annotations, **spec), CFG)
+    assert d.patch == [] and d.outcome in (mutate.NO_GPU, mutate.GANG_MEMBER, mutate.OPTED_OUT)
+
+
+def test_gpu_member_of_a_gang_is_a_gpu_pod() -> None:
+    d = decide(pod(8, annotations={"gpu-scheduler.io/group": "train"}, **GANG), CFG)
+    assert d.outcome == mutate.MUTATED and d.changes == ("schedulerName", "tolerations")
+
+
+@pytest.mark.parametrize("group", [7, ["train"], {"podGroupName": 7}])
+def test_scheduling_group_of_the_wrong_type_is_refused(group: Any) -> None:
+    p = pod(None, annotations={"gpu-scheduler.io/group": "t"}, schedulingGroup=group)
+    with pytest.raises(FieldError):
+        decide(p, CFG)
+
+
 DS_OWNER = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "validator", "uid": "u"}
 
 
