@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,9 @@ from extender.engine import FilterOutcome, candidates_of, filter_nodes, score_ar
 from extender.explain import Explainer, decision, only_fit
 from extender.model import NodeFacts, PodFacts, node_facts, pod_facts
 from extender.policies import Policy, build_policies
+from extender.policies.group import group_state
 from extender.view import View, args_view
+from gpu_scheduler import contract
 from gpu_scheduler.http import (
     BadInput,
     install_ops_endpoints,
@@ -80,7 +82,7 @@ class Decider:
         pod = pod_facts(args.pod, self.cfg.default_placement)
         view = self.cache.view() if self.cache is not None else args_view()
         if args.nodes is not None:
-            facts = [node_facts(node) for node in args.nodes]
+            facts = [node_facts(node, self.cfg.group_levels) for node in args.nodes]
             return _Request(args, pod, candidates_of(args.names, facts, view), view)
         if self.cache is None:
             raise BadInput(
@@ -149,6 +151,7 @@ class Decider:
                     parts,
                     self.cfg.weights,
                     health=lambda i: _health(req.nodes.at(i)),
+                    note=self._group_note(req),
                 )
             )
         best = int(array.argmax()) if len(scores) else None
@@ -157,6 +160,21 @@ class Decider:
             "best": req.args.names[best] if best is not None else None,
             "top": scores[best] if best is not None else None,
         }
+
+    def _group_note(self, req: _Request) -> Callable[[int], str | None] | None:
+        """For a pod of a placement group already placed somewhere: the words for a
+        candidate (by position) that say which topology level drew it."""
+        if req.pod.group is None or self.cfg.weight("group") == 0:
+            return None
+        state = group_state(req.pod, req.view, self.cfg.group_levels)
+        if state is None:
+            return None
+
+        def note(i: int) -> str | None:
+            facts = req.nodes.at(i)
+            return state.describe(facts) if facts is not None else None
+
+        return note
 
 
 def _health(facts: NodeFacts | None) -> tuple[int, int] | None:
@@ -266,7 +284,9 @@ class Endpoints:
 
 
 def start_cluster_source(
-    kubeconfig: str | None, heartbeat_namespace: str | None = None
+    kubeconfig: str | None,
+    heartbeat_namespace: str | None = None,
+    levels: Sequence[str] = contract.TOPOLOGY_LEVELS,
 ) -> tuple[ClusterCache, Explainer]:
     """The cluster cache (list+watch from this worker; the agents' heartbeat Leases
     from ``heartbeat_namespace``) and the placement explainer, which writes its Events
@@ -293,7 +313,7 @@ def start_cluster_source(
         response.drain_conn()  # read and dropped: the connection goes back to the pool
 
     explainer = Explainer(post).start()
-    cache = ClusterCache(on_bound=explainer.bound)
+    cache = ClusterCache(on_bound=explainer.bound, levels=levels)
     cache.start(core, client.ResourceV1Api(api), client.CoordinationV1Api(api), heartbeat_namespace)
     return cache, explainer
 
@@ -316,7 +336,7 @@ def create_app(
     if node_source not in ("args", "cluster"):
         raise ValueError(f"node_source must be args or cluster, not {node_source!r}")
     if node_source == "cluster" and cache is None:
-        cache, explainer = start_cluster_source(kubeconfig, heartbeat_namespace)
+        cache, explainer = start_cluster_source(kubeconfig, heartbeat_namespace, cfg.group_levels)
     decider = Decider(cfg, cache, explainer)
     endpoints = Endpoints(decider, guard)
     app = Flask("extender")

@@ -17,7 +17,7 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -29,6 +29,7 @@ from extender.records import PodRecord, pod_record, pod_uid
 from extender.reflector import Reflector
 from extender.view import View
 from extender.workload import TaskShape, workload_mix
+from gpu_scheduler import contract
 from gpu_scheduler.contract import GpuHealth
 from gpu_scheduler.fields import FieldError
 
@@ -49,7 +50,10 @@ class ClusterCache:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         on_bound: Callable[[str, str], None] | None = None,
+        levels: Sequence[str] = contract.TOPOLOGY_LEVELS,
     ) -> None:
+        #: The topology labels node facts keep (the extender's ``groupLevels``).
+        self.levels = tuple(levels)
         #: Called (uid, node) from the watch thread when a GPU pod is first seen bound
         #: (not for what a list finds): the placement explanations' trigger.
         self.on_bound = on_bound
@@ -228,6 +232,7 @@ class ClusterCache:
             product=least.product,
             capacity_type=base.capacity_type,
             zone=base.zone,
+            domains=base.domains,
             dra=True,
             health=health,
         )
@@ -279,7 +284,7 @@ class ClusterCache:
         fresh: dict[str, NodeFacts] = {}
         for item in items:
             try:
-                facts = node_facts(item)
+                facts = node_facts(item, self.levels)
             except FieldError as exc:
                 log.warning("skipping unreadable node", extra={"error": str(exc)})
                 continue
@@ -300,7 +305,7 @@ class ClusterCache:
             name = meta.get("name") if isinstance(meta, Mapping) else None
         else:
             try:
-                facts = node_facts(obj)
+                facts = node_facts(obj, self.levels)
             except FieldError as exc:
                 log.warning("skipping unreadable node", extra={"error": str(exc)})
                 return

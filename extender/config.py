@@ -1,12 +1,18 @@
 """The extender's YAML configuration: policy weights and limits.
 
 ```yaml
-weights: {gpu: 5, spot: 5, zone: 15, scarcity: 15, fragmentation: 8}  # each >= 1/10 of sum
+weights: {gpu: 5, spot: 5, group: 15, scarcity: 15, fragmentation: 8}  # each >= 1/10 of sum
 disabled: []                          # policy names to switch off (e.g. [heartbeat])
 defaultPlacement: binpack             # or spread; pods override with an annotation
 heartbeatWindow: 15m                  # agent silent longer -> no new GPU pods; 0 = off
 maxBodyBytes: 134217728               # request body limit (args mode carries Node objects)
+groupLevels:                          # topology labels a placement group is packed
+  - nvidia.com/gpu.clique             # along, the tightest first (the default list:
+  - topology.kubernetes.io/zone       # gpu_scheduler.contract.TOPOLOGY_LEVELS)
 ```
+
+``zone``, the ``group`` policy's name before it packed along more levels than the
+zone, is still read in ``weights`` and ``disabled`` as ``group``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 
 from extender.model import PLACEMENTS
 from extender.policies import REGISTRY
+from gpu_scheduler import contract
 from gpu_scheduler.configfile import checked_mapping, load_yaml_file
 from gpu_scheduler.durations import parse_duration
 
@@ -24,6 +31,9 @@ KNOWN_POLICIES = tuple(REGISTRY)
 SCORING_POLICIES = tuple(name for name, entry in REGISTRY.items() if entry.weight is not None)
 DEFAULT_WEIGHTS = {n: e.weight for n, e in REGISTRY.items() if e.weight is not None}
 MIN_BODY_BYTES = 64 << 20
+#: Old policy names still read as their new ones.
+RENAMED = {"zone": "group"}
+MAX_LEVELS = 16
 
 
 class ConfigError(ValueError):
@@ -37,6 +47,7 @@ class ExtenderConfig:
     default_placement: str = "binpack"
     heartbeat_window_seconds: float = 900.0
     max_body_bytes: int = 128 << 20
+    group_levels: tuple[str, ...] = contract.TOPOLOGY_LEVELS
 
     def __post_init__(self) -> None:
         unknown = set(self.weights) - set(SCORING_POLICIES)
@@ -62,12 +73,27 @@ class ExtenderConfig:
             raise ConfigError(f"defaultPlacement must be one of {PLACEMENTS}")
         if self.max_body_bytes < MIN_BODY_BYTES:
             raise ConfigError(f"maxBodyBytes must be at least {MIN_BODY_BYTES}")
+        levels = self.group_levels
+        if not isinstance(levels, tuple) or not 0 < len(levels) <= MAX_LEVELS:
+            raise ConfigError(f"groupLevels must list 1..{MAX_LEVELS} node label keys")
+        for key in levels:
+            if not isinstance(key, str) or not contract.is_label_key(key):
+                raise ConfigError(f"groupLevels: {key!r} is not a node label key")
+        if len(set(levels)) != len(levels):
+            raise ConfigError("groupLevels: a label key is listed twice")
 
     def weight(self, policy: str) -> int:
         return 0 if policy in self.disabled else int(self.weights.get(policy, 0))
 
 
-_KEYS = {"weights", "disabled", "defaultPlacement", "heartbeatWindow", "maxBodyBytes"}
+_KEYS = {
+    "weights",
+    "disabled",
+    "defaultPlacement",
+    "heartbeatWindow",
+    "maxBodyBytes",
+    "groupLevels",
+}
 
 
 def config_from_mapping(data: Mapping[str, Any] | None) -> ExtenderConfig:
@@ -75,10 +101,16 @@ def config_from_mapping(data: Mapping[str, Any] | None) -> ExtenderConfig:
     kwargs: dict[str, Any] = {}
     if "weights" in data:
         weights = dict(DEFAULT_WEIGHTS)
-        weights.update(data["weights"] or {})
+        given = data["weights"] or {}
+        if not isinstance(given, dict):
+            raise ConfigError("weights must be a mapping of policy name to weight")
+        weights.update({RENAMED.get(k, k): v for k, v in given.items()})
         kwargs["weights"] = weights
     if "disabled" in data:
-        kwargs["disabled"] = frozenset(data["disabled"] or ())
+        disabled = data["disabled"] or []
+        if not isinstance(disabled, list):
+            raise ConfigError("disabled must be a list of policy names")
+        kwargs["disabled"] = frozenset(RENAMED.get(n, n) for n in disabled)
     if "defaultPlacement" in data:
         kwargs["default_placement"] = data["defaultPlacement"]
     if "heartbeatWindow" in data:
@@ -88,6 +120,11 @@ def config_from_mapping(data: Mapping[str, Any] | None) -> ExtenderConfig:
             raise ConfigError(f"heartbeatWindow: {exc}") from exc
     if "maxBodyBytes" in data:
         kwargs["max_body_bytes"] = int(data["maxBodyBytes"])
+    if "groupLevels" in data:
+        levels = data["groupLevels"]
+        if not isinstance(levels, list):
+            raise ConfigError("groupLevels must be a list of node label keys")
+        kwargs["group_levels"] = tuple(levels)
     return ExtenderConfig(**kwargs)
 
 

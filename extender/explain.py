@@ -51,6 +51,8 @@ class Candidate:
     parts: tuple[tuple[str, float], ...]  # (policy, its 0..10 score) for scoring policies
     #: (GPUs a pod can be given, GPUs advertised) where some are unhealthy; else None
     health: tuple[int, int] | None = None
+    #: What drew a placement group's pod here (the topology level); else None
+    note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +80,12 @@ def decision(
     weights: Mapping[str, int],
     keep: int = TOP,
     health: Callable[[int], tuple[int, int] | None] | None = None,
+    note: Callable[[int], str | None] | None = None,
 ) -> Decision:
     """What one prioritize call decided: the ``keep`` best candidates (:func:`best`),
-    each with every scoring policy's 0..10 part, and ``health(position)`` of each:
-    its healthy and advertised GPUs where some are unhealthy."""
+    each with every scoring policy's 0..10 part, ``health(position)`` of each: its
+    healthy and advertised GPUs where some are unhealthy, and ``note(position)``: what
+    drew its placement group there."""
     order = best(names, scores, keep)
     # Each policy's parts for the kept candidates, read in one step where the engine's
     # lazy parts allow it (``pick``) rather than one item at a time.
@@ -95,6 +99,7 @@ def decision(
             int(scores[i]),
             tuple((policy, got[k]) for policy, got in picked),
             health(i) if health is not None else None,
+            note(i) if note is not None else None,
         )
         for k, i in enumerate(order)
     )
@@ -168,6 +173,8 @@ def explain(d: Decision, chosen: str) -> str:
         return clip(text, MAX_MESSAGE - 64)
     if node.health is not None:
         head += f" ({node.health[0]} of {node.health[1]} GPUs there healthy)"
+    if node.note is not None:
+        head += f", with its placement group ({node.note})"
     text = (
         f"{head}: extender score {node.score}/10, rank {rank + 1} of {d.candidates} "
         f"candidate{'s' if d.candidates != 1 else ''} ({_parts(node)}; weights "

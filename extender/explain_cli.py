@@ -49,7 +49,60 @@ def pod_story(api_client: Any, namespace: str, name: str) -> str:
             lines.append(f"  {event.reason}: {event.message}")
         if not node and any("node affinity" in (e.message or "") for e in failed[-3:]):
             lines += constraint_story(api_client, pod)
+    if not node:
+        lines += gang_story(api_client, pod)
     return "\n".join(lines)
+
+
+def gang_story(api_client: Any, pod: Any) -> list[str]:
+    """For a pending pod of a PodGroup (``spec.schedulingGroup``): kube-scheduler holds
+    it before any scheduling attempt (so without an Event) while its group does not
+    exist or has fewer than minCount pods; say which, and what the group reports."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from gpu_scheduler import contract
+    from gpu_scheduler.kube import decode_json
+
+    # The typed client's Pod has no schedulingGroup (newer than the client): read JSON.
+    core = client.CoreV1Api(api_client)
+    namespace = pod.metadata.namespace
+
+    def group_of(raw: Any) -> str | None:
+        try:
+            return contract.pod_group_name((raw or {}).get("spec") or {})
+        except ValueError:
+            return None
+
+    raw = core.read_namespaced_pod(pod.metadata.name, namespace, _preload_content=False)
+    group = group_of(decode_json(raw.data))
+    if group is None:
+        return []
+    try:
+        found = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+            "scheduling.k8s.io", "v1beta1", namespace, "podgroups", group
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return [
+                f"  waiting for PodGroup {namespace}/{group}, which does not exist (or the "
+                "API server does not serve scheduling.k8s.io/v1beta1): kube-scheduler "
+                "holds its pods until it is created"
+            ]
+        raise
+    gang = ((found.get("spec") or {}).get("schedulingPolicy") or {}).get("gang") or {}
+    listed = core.list_namespaced_pod(namespace, _preload_content=False)
+    count = sum(1 for p in decode_json(listed.data).get("items") or [] if group_of(p) == group)
+    lines = [
+        f"  a member of PodGroup {namespace}/{group} (minCount {gang.get('minCount', '-')}, "
+        f"{count} pod(s) of it exist)"
+    ]
+    for condition in (found.get("status") or {}).get("conditions") or []:
+        lines.append(
+            f"  PodGroup {condition.get('type')}={condition.get('status')}: "
+            f"{condition.get('reason', '')} {condition.get('message', '')}".rstrip()
+        )
+    return lines
 
 
 def constraint_story(api_client: Any, pod: Any) -> list[str]:

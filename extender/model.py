@@ -8,7 +8,7 @@ attributes instead of walking nested dicts.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,7 @@ class NodeFacts:
         "allocatable",
         "capacity_type",
         "cpu_milli",
+        "domains",
         "dra",
         "error",
         "health",
@@ -78,6 +79,7 @@ class NodeFacts:
         error: str | None = None,
         health: contract.GpuHealth | None = None,
         managed: bool = False,
+        domains: tuple[tuple[str, str], ...] | None = None,
     ) -> None:
         self.name = name
         self.allocatable = allocatable
@@ -106,6 +108,11 @@ class NodeFacts:
         #: then is ``health`` believed, so an annotation a departed agent left behind
         #: never holds GPUs back.
         self.managed = managed
+        #: (label key, value) of each topology level the node is labelled with (the
+        #: extender's ``groupLevels``); without them, its zone alone.
+        self.domains = (
+            domains if domains is not None else (((contract.LABEL_ZONE, zone),) if zone else ())
+        )
 
     @property
     def usable(self) -> int:
@@ -142,8 +149,9 @@ def _opt_intern(value: str | None) -> str | None:
     return _intern(value) if value else None
 
 
-def node_facts(node: Any) -> NodeFacts:
-    """Facts from a Node object in its JSON form.
+def node_facts(node: Any, levels: Sequence[str] = contract.TOPOLOGY_LEVELS) -> NodeFacts:
+    """Facts from a Node object in its JSON form; ``levels``: the topology labels whose
+    values it keeps (:attr:`NodeFacts.domains`).
 
     Raises :class:`FieldError` only when the node has no usable ``metadata.name``
     (nothing can even be said about it). Any other field of the wrong type gives facts
@@ -156,12 +164,14 @@ def node_facts(node: Any) -> NodeFacts:
     if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
         raise FieldError("metadata.name", f"must be a node name (1..{MAX_NAME} characters)")
     try:
-        return _node_facts(_intern(name), meta, node)  # type: ignore[arg-type]
+        return _node_facts(_intern(name), meta, node, levels)  # type: ignore[arg-type]
     except FieldError as exc:
         return NodeFacts(_intern(name), error=f"the Node object is malformed: {exc}")
 
 
-def _node_facts(name: str, meta: Mapping[str, Any], node: Mapping[str, Any]) -> NodeFacts:
+def _node_facts(
+    name: str, meta: Mapping[str, Any], node: Mapping[str, Any], levels: Sequence[str]
+) -> NodeFacts:
     labels = object_at(meta, "labels", "metadata.labels")
     status = object_at(node, "status", "status")
     raw = object_at(status, "allocatable", "status.allocatable").get(contract.RESOURCE_GPU)
@@ -195,6 +205,7 @@ def _node_facts(name: str, meta: Mapping[str, Any], node: Mapping[str, Any]) -> 
         product=product,
         capacity_type=contract.capacity_type(labels),
         zone=_opt_intern(label(contract.LABEL_ZONE)),
+        domains=tuple((key, _intern(value)) for key in levels if (value := label(key))),
         replicas=replicas,
         cpu_milli=_milli(allocatable_map.get("cpu")),
         ram_mib=_mib(allocatable_map.get("memory")),

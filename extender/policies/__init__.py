@@ -12,10 +12,10 @@ from typing import Protocol
 from extender.policies.base import ClusterView, Failure, Policy
 from extender.policies.fragmentation import FragmentationPolicy
 from extender.policies.gpu import GpuPolicy
+from extender.policies.group import GroupPolicy
 from extender.policies.heartbeat import HeartbeatPolicy
 from extender.policies.scarcity import ScarcityPolicy
 from extender.policies.spot import SpotPolicy
-from extender.policies.zone import ZonePolicy
 
 
 class PolicySettings(Protocol):
@@ -28,6 +28,9 @@ class PolicySettings(Protocol):
 
     @property
     def heartbeat_window_seconds(self) -> float: ...
+
+    @property
+    def group_levels(self) -> tuple[str, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class Registration:
 REGISTRY: dict[str, Registration] = {
     "gpu": Registration(lambda cfg: GpuPolicy(), 5),
     "spot": Registration(lambda cfg: SpotPolicy(), 5),
-    "zone": Registration(lambda cfg: ZonePolicy(), 15),
+    "group": Registration(lambda cfg: GroupPolicy(cfg.group_levels), 15),
     "scarcity": Registration(lambda cfg: ScarcityPolicy(), 15),
     "fragmentation": Registration(lambda cfg: FragmentationPolicy(), 8),
     "heartbeat": Registration(lambda cfg: HeartbeatPolicy(cfg.heartbeat_window_seconds), None),

@@ -144,6 +144,24 @@ def test_group_is_drawn_to_the_zone_it_runs_in(stack):
         assert wait_bound(stack, pod) in zone_b
 
 
+def test_group_is_packed_into_its_nvlink_clique_and_the_event_says_so(stack):
+    """One zone, two NVLink cliques (``nvidia.com/gpu.clique``, as GFD labels GB200
+    racks). The group runs in clique c2; a new pod of it goes to c2's other node, not
+    to c1's fuller one that binpack alone would take, and its GPUPlacement Event names
+    the level that drew it."""
+    case = "clique"
+    zone = {contract.LABEL_ZONE: "zone-a"}
+    clique = "nvidia.com/gpu.clique"
+    c1 = gpu_node(stack, case, 8, **zone, **{clique: "c1"})
+    c2 = [gpu_node(stack, case, 8, **zone, **{clique: "c2"}) for _ in range(2)]
+    group = {contract.ANN_GROUP: "nvl-train"}
+    bind_pod(stack, c2[0], 8, annotations=group)
+    bind_pod(stack, c1, 4)
+    pod = place(stack, case, 4, annotations=group)
+    assert wait_bound(stack, pod) == c2[1]
+    wait_event(stack, pod, f"1 of its group's 1 placed pods in {clique}=c2")
+
+
 def test_node_with_a_stale_agent_heartbeat_gets_no_gpu_pods(stack):
     case = "heartbeat"
     now = dt.datetime.now(dt.UTC)

@@ -157,6 +157,24 @@ def test_the_one_node_a_filter_left_is_explained_by_the_others_failures():
     )
 
 
+def test_the_explanation_names_the_topology_level_that_drew_a_group():
+    words = "3 of its group's 4 placed pods in nvidia.com/gpu.clique=c1"
+    d = decision(
+        "ns",
+        "p",
+        "u",
+        8,
+        ["a", "b"],
+        [9, 6],
+        {"group": [10.0, 0.0]},
+        {"group": 15},
+        note=lambda i: words if i == 0 else None,
+    )
+    assert d.top[0].note == words and d.top[1].note is None
+    assert f"8 GPUs on a, with its placement group ({words}):" in explain(d, "a")
+    assert "placement group" not in explain(d, "b")
+
+
 def test_a_clear_winner_names_the_runner_up_and_where_it_lost():
     d = decision("ns", "p", "u", 1, ["a", "b"], [9, 6], {"gpu": [10.0, 4.0]}, {"gpu": 4})
     assert explain(d, "a").endswith("Runner-up b, score 6: lower on gpu 4 against 10")

@@ -209,7 +209,7 @@ def test_spot_on_every_cloud(key, value):
     assert scores[0] > scores[1]
 
 
-# --- zone --------------------------------------------------------------------------
+# --- group -------------------------------------------------------------------------
 def test_group_is_drawn_to_its_zone():
     nodes = facts(
         make_node("a1", 8, zone="a", **H100),
@@ -223,6 +223,69 @@ def test_group_is_drawn_to_its_zone():
     # another namespace's group of the same name does not pull
     other = make_pod(namespace="other", annotations={contract.ANN_GROUP: "job"})
     assert len(set(run_score(other, nodes, view))) == 1
+
+
+CLIQUE, SUBBLOCK, BLOCK = contract.TOPOLOGY_LEVELS[:3]
+
+
+def topo(name, zone="z1", **levels):
+    return make_node(name, 8, zone=zone, extra_labels=levels, **H100)
+
+
+def test_group_packs_into_the_tightest_shared_domain():
+    """The group runs in clique c1 (GKE sub-block s1, block b1): a node of that
+    clique beats a node of the same sub-block, which beats one of the same block, which
+    beats one of the same zone only; a node in another zone scores least."""
+    nodes = facts(
+        topo("member", **{CLIQUE: "c1", SUBBLOCK: "s1", BLOCK: "b1"}),
+        topo("clique", **{CLIQUE: "c1", SUBBLOCK: "s1", BLOCK: "b1"}),
+        topo("subblock", **{CLIQUE: "c2", SUBBLOCK: "s1", BLOCK: "b1"}),
+        topo("block", **{CLIQUE: "c3", SUBBLOCK: "s2", BLOCK: "b1"}),
+        topo("zone", **{CLIQUE: "c4", SUBBLOCK: "s3", BLOCK: "b2"}),
+        topo("away", zone="z2"),
+    )
+    view = View(groups={("default", "job"): {"member": 2}}, nodes={n.name: n for n in nodes})
+    pod = make_pod(annotations={contract.ANN_GROUP: "job"})
+    policy = next(p for p in build_policies(CFG) if p.name == "group")
+    state = policy.pre_score(pod_facts(pod), view)
+    raw = policy.score_all(
+        state,
+        ClusterView(nodes={n.name: n for n in nodes}).candidates([n.name for n in nodes]),
+        view,
+    )
+    assert list(raw[1:]) == sorted(raw[1:], reverse=True) and len(set(raw[1:])) == 5
+    assert state.describe(nodes[1]) == f"2 of its group's 2 placed pods in {CLIQUE}=c1"
+    assert state.describe(nodes[3]) == f"2 of its group's 2 placed pods in {BLOCK}=b1"
+    assert state.describe(nodes[5]) is None
+
+
+def test_more_of_the_group_in_a_domain_draws_harder():
+    nodes = facts(
+        topo("x1", **{CLIQUE: "x"}),
+        topo("y1", **{CLIQUE: "y"}),
+        topo("x2", **{CLIQUE: "x"}),
+        topo("y2", **{CLIQUE: "y"}),
+    )
+    view = View(groups={("default", "job"): {"x1": 1, "y1": 3}}, nodes={n.name: n for n in nodes})
+    scores = run_score(make_pod(annotations={contract.ANN_GROUP: "job"}), nodes, view)
+    assert scores[3] > scores[2]
+
+
+def test_group_levels_are_configured():
+    """Custom levels (a lab's block and rack labels) replace the defaults; the node
+    facts keep the configured labels only."""
+    cfg = config_from_mapping({"groupLevels": ["example.com/rack", "example.com/block"]})
+    assert cfg.group_levels == ("example.com/rack", "example.com/block")
+    rack = make_node("r", 8, extra_labels={"example.com/rack": "r1", CLIQUE: "c"}, **H100)
+    assert node_facts(rack, cfg.group_levels).domains == (("example.com/rack", "r1"),)
+    for bad in ([], ["not a key!"], ["a/b", "a/b"], "example.com/rack", [7]):
+        with pytest.raises(ConfigError, match="groupLevels"):
+            config_from_mapping({"groupLevels": bad})
+
+
+def test_the_old_zone_policy_name_is_read_as_group():
+    cfg = config_from_mapping({"weights": {"zone": 0}, "disabled": ["zone"]})
+    assert cfg.weight("group") == 0 and "group" in cfg.disabled
 
 
 # --- heartbeat ---------------------------------------------------------------------
@@ -300,13 +363,13 @@ def test_each_policys_parts_are_its_normalised_scores_by_candidate():
 
 def test_weights_too_small_to_matter_are_rejected():
     with pytest.raises(ConfigError, match="under a tenth"):
-        config_from_mapping({"weights": {"gpu": 20, "spot": 1, "zone": 1}})
+        config_from_mapping({"weights": {"gpu": 20, "spot": 1, "group": 1}})
     with pytest.raises(ConfigError, match="unknown config keys"):
         config_from_mapping({"wieghts": {}})
     with pytest.raises(ConfigError, match="unknown policies"):
         config_from_mapping({"weights": {"gpux": 1}})
-    cfg = config_from_mapping({"weights": {"zone": 0}, "heartbeatWindow": "10m"})
-    assert cfg.weight("zone") == 0 and cfg.heartbeat_window_seconds == 600
+    cfg = config_from_mapping({"weights": {"group": 0}, "heartbeatWindow": "10m"})
+    assert cfg.weight("group") == 0 and cfg.heartbeat_window_seconds == 600
 
 
 def test_node_facts_without_a_name_raise():

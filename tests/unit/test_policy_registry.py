@@ -17,7 +17,7 @@ def test_every_policy_that_scores_has_a_default_weight_and_no_other_does():
         scores = type(policy).score_all is not Policy.score_all
         assert scores == (entry.weight is not None), name
     # The shipped weights, as README and docs/BENCHMARKS.md give them.
-    assert DEFAULT_WEIGHTS == {"gpu": 5, "spot": 5, "zone": 15, "scarcity": 15, "fragmentation": 8}
+    assert DEFAULT_WEIGHTS == {"gpu": 5, "spot": 5, "group": 15, "scarcity": 15, "fragmentation": 8}
 
 
 def test_the_default_weights_pass_the_configs_own_rule():
