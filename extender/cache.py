@@ -24,13 +24,14 @@ from typing import Any
 from extender import dra_index, metrics
 from extender.columns import FreeState, NodeTable, free_state
 from extender.dra_index import DraIndex
-from extender.model import MAX_GPUS, NodeFacts, lease_heartbeat, node_facts
+from extender.model import NodeFacts, lease_heartbeat, node_facts
 from extender.records import PodRecord, pod_record, pod_uid
+from extender.records import add_count as _add
+from extender.records import reduced as _reduced
 from extender.reflector import Reflector
 from extender.view import View
-from extender.workload import TaskShape, workload_mix
+from extender.workload import TaskShape, product_pressure, workload_mix
 from gpu_scheduler import contract
-from gpu_scheduler.contract import GpuHealth
 from gpu_scheduler.fields import FieldError
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,9 @@ class ClusterCache:
             free=free,
             mix=mix,
             groups=groups,
-            pressure=MappingProxyType(self._pressure()),
+            pressure=MappingProxyType(
+                product_pressure(self._demand, self._demand_total, self._capacity)
+            ),
             beats=self._beats_view[1],
             pods=pods,
             now=self._clock(),
@@ -152,20 +155,6 @@ class ClusterCache:
         )
         self._view = snap
         return snap
-
-    def _pressure(self) -> dict[str, float]:
-        """Per GPU product: the share of GPU demand that can only run on it, over its
-        share of the cluster's GPUs. Near 1 or above: pods restricted to this product
-        need about all of it. 0: nobody is restricted to it. Empty without demand."""
-        total_demand = self._demand_total
-        total_capacity = sum(self._capacity.values())
-        if not total_demand or not total_capacity:
-            return {}
-        return {
-            product: (self._demand.get(product, 0.0) / total_demand) / (capacity / total_capacity)
-            for product, capacity in self._capacity.items()
-            if capacity > 0
-        }
 
     def synced(self) -> bool:
         """Every kind has been listed at least once."""
@@ -209,33 +198,8 @@ class ClusterCache:
         return facts
 
     def _gpu_facts(self, name: str) -> NodeFacts | None:
-        """A node's facts from its Node, unless the Node has no allocatable GPUs and a
-        DRA driver publishes devices of the GPU class for it (kube-scheduler makes the
-        same choice per node: a device plugin wins)."""
-        base = self._base.get(name)
-        gpus = self._dra.gpus(name)
-        if base is None or base.error is not None or base.allocatable or not gpus:
-            return base
-        least = min(gpus.values(), key=lambda g: (g.memory_mib or 0, g.product or ""))
-        tainted = self._dra.tainted(name)
-        health = None
-        if tainted:  # the driver's own word (a device taint): believed with or without an agent
-            words = tuple(
-                f"device {key[2]} ({', '.join(taints)})" for key, taints in sorted(tainted.items())
-            )
-            health = GpuHealth(len(gpus) - len(tainted), len(gpus), words)
-        return NodeFacts(
-            name,
-            min(len(gpus), MAX_GPUS),
-            labelled_gpu=True,
-            memory_mib=least.memory_mib,
-            product=least.product,
-            capacity_type=base.capacity_type,
-            zone=base.zone,
-            domains=base.domains,
-            dra=True,
-            health=health,
-        )
+        """A node's facts from its Node, or from its DRA devices (dra_index.gpu_facts)."""
+        return dra_index.gpu_facts(self._base.get(name), self._dra, name)
 
     def _set_facts(self, name: str) -> None:
         """Recompute a node's facts and the per-model capacity they add (lock held)."""
@@ -481,19 +445,3 @@ class ClusterCache:
 
     def stop(self) -> None:
         self._stop.set()
-
-
-def _add(counts: dict[Any, int], key: Any, delta: int) -> None:
-    """counts[key] += delta, keeping no zero entries."""
-    value = counts.get(key, 0) + delta
-    if value:
-        counts[key] = value
-    else:
-        counts.pop(key, None)
-
-
-def _reduced(
-    parse: Callable[[Mapping[str, Any]], Any], items: Iterable[Mapping[str, Any]]
-) -> list[Any]:
-    """``parse`` of each item, the Nones left out: a list of compact records."""
-    return [parsed for parsed in map(parse, items) if parsed is not None]

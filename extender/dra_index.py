@@ -21,7 +21,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from extender.model import MAX_GPUS, NodeFacts
 from gpu_scheduler import contract, dra
+from gpu_scheduler.contract import GpuHealth
 
 log = logging.getLogger(__name__)
 _intern = sys.intern
@@ -312,3 +314,33 @@ class DraIndex:
                     self._used.pop(node, None)
                 touched.add(node)
         return touched
+
+
+def gpu_facts(base: NodeFacts | None, index: DraIndex, name: str) -> NodeFacts | None:
+    """A node's facts from its Node (``base``), unless the Node has no allocatable GPUs
+    and a DRA driver publishes devices of the GPU class for it (kube-scheduler makes the
+    same choice per node: a device plugin wins): then from those devices, the least of
+    them deciding memory and product, their blocking taints its health."""
+    gpus = index.gpus(name)
+    if base is None or base.error is not None or base.allocatable or not gpus:
+        return base
+    least = min(gpus.values(), key=lambda g: (g.memory_mib or 0, g.product or ""))
+    tainted = index.tainted(name)
+    health = None
+    if tainted:  # the driver's own word (a device taint): believed with or without an agent
+        words = tuple(
+            f"device {key[2]} ({', '.join(taints)})" for key, taints in sorted(tainted.items())
+        )
+        health = GpuHealth(len(gpus) - len(tainted), len(gpus), words)
+    return NodeFacts(
+        name,
+        min(len(gpus), MAX_GPUS),
+        labelled_gpu=True,
+        memory_mib=least.memory_mib,
+        product=least.product,
+        capacity_type=base.capacity_type,
+        zone=base.zone,
+        domains=base.domains,
+        dra=True,
+        health=health,
+    )

@@ -61,7 +61,7 @@ def gang_story(api_client: Any, pod: Any) -> list[str]:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    from gpu_scheduler import contract
+    from gpu_scheduler import podspec
     from gpu_scheduler.kube import decode_json
 
     # The typed client's Pod has no schedulingGroup (newer than the client): read JSON.
@@ -70,7 +70,7 @@ def gang_story(api_client: Any, pod: Any) -> list[str]:
 
     def group_of(raw: Any) -> str | None:
         try:
-            return contract.pod_group_name((raw or {}).get("spec") or {})
+            return podspec.pod_group_name((raw or {}).get("spec") or {})
         except ValueError:
             return None
 

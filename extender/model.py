@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_scheduler import contract
+from gpu_scheduler import contract, podspec
 from gpu_scheduler.constraints import annotation_reader, hard_constraints
 from gpu_scheduler.fields import FieldError, expect_object, object_at, string_at
 from gpu_scheduler.quantity import QuantityError, parse_count, parse_quantity, type_name
@@ -309,7 +309,7 @@ def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> Pod
     try:
         meta = expect_object(meta, "metadata")
         annotations = object_at(meta, "annotations", "metadata.annotations")
-        gpus = contract.pod_gpu_request(pod.get("spec"))
+        gpus = podspec.pod_gpu_request(pod.get("spec"))
     except FieldError as exc:
         return PodFacts(namespace, name, 0, error=f"the Pod object is malformed: {exc}")
     hard = hard_constraints(annotations)
@@ -327,7 +327,7 @@ def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> Pod
         spot = "avoid"
 
     group = annotation(contract.ANN_GROUP) or None
-    cpu_milli, ram_mib = contract.pod_cpu_memory(pod.get("spec"))
+    cpu_milli, ram_mib = podspec.pod_cpu_memory(pod.get("spec"))
     return PodFacts(
         namespace=namespace,
         name=name,

@@ -5,11 +5,11 @@ mix's shape). Reduced from the Pod's JSON as it arrives, never kept whole."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from extender.workload import TaskShape, task_shape
-from gpu_scheduler import contract
+from gpu_scheduler import contract, podspec
 from gpu_scheduler.constraints import parse_products
 from gpu_scheduler.fields import FieldError
 
@@ -52,7 +52,7 @@ def pod_record(pod: Mapping[str, Any]) -> tuple[str, PodRecord] | None:
         return None
     uid = pod_uid(meta)
     try:
-        gpus = contract.pod_gpu_request(spec)
+        gpus = podspec.pod_gpu_request(spec)
     except FieldError:
         gpus = 0
     annotations = meta.get("annotations")
@@ -67,7 +67,7 @@ def pod_record(pod: Mapping[str, Any]) -> tuple[str, PodRecord] | None:
     raw = annotations.get(contract.ANN_GPU_PRODUCTS)
     products = parse_products(raw) if gpus and isinstance(raw, str) else None
     restricted = tuple(sorted(sys.intern(p) for p in products)) if products else None
-    cpu_milli, ram_mib = contract.pod_cpu_memory(spec) if gpus else (0, 0)
+    cpu_milli, ram_mib = podspec.pod_cpu_memory(spec) if gpus else (0, 0)
     return uid, PodRecord(sys.intern(node), gpus, group, restricted, cpu_milli, ram_mib)
 
 
@@ -78,3 +78,20 @@ def pod_uid(meta: Any) -> str:
     if isinstance(uid, str) and uid:
         return uid
     return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def add_count(counts: dict[Any, int], key: Any, delta: int) -> None:
+    """counts[key] += delta, keeping no zero entries."""
+    value = counts.get(key, 0) + delta
+    if value:
+        counts[key] = value
+    else:
+        counts.pop(key, None)
+
+
+def reduced(
+    parse: Callable[[Mapping[str, Any]], Any], items: Iterable[Mapping[str, Any]]
+) -> list[Any]:
+    """``parse`` of each item, the Nones left out: a list of compact records (one page
+    of a list at a time: nothing keeps the raw objects)."""
+    return [parsed for parsed in map(parse, items) if parsed is not None]

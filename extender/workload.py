@@ -64,3 +64,19 @@ def workload_mix(counts: Mapping[TaskShape, int]) -> tuple[MixEntry, ...]:
         if len(kept) >= MAX_SHAPES or covered >= COVERAGE * total:
             break
     return tuple(MixEntry(shape, count / covered) for shape, count in kept)
+
+
+def product_pressure(
+    demand: Mapping[str, float], total_demand: float, capacity: Mapping[str, int]
+) -> dict[str, float]:
+    """Per GPU product: the share of GPU demand that can only run on it, over its share
+    of the cluster's GPUs. Near 1 or above: pods restricted to this product need about
+    all of it. 0: nobody is restricted to it. Empty without demand."""
+    total_capacity = sum(capacity.values())
+    if not total_demand or not total_capacity:
+        return {}
+    return {
+        product: (demand.get(product, 0.0) / total_demand) / (amount / total_capacity)
+        for product, amount in capacity.items()
+        if amount > 0
+    }

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from gpu_scheduler import contract
+from gpu_scheduler import contract, podspec
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def why(pod: dict[str, Any], events: list[tuple[str, str]]) -> str:
         failed = [message for reason, message in events if reason == "FailedScheduling"]
         return f"FailedScheduling: {failed[-1]}"[:160] if failed else "pending"
     try:
-        gpus = contract.pod_gpu_request(pod["spec"])
+        gpus = podspec.pod_gpu_request(pod["spec"])
     except ValueError:
         gpus = 0
     if not gpus:

@@ -53,10 +53,9 @@ from gpu_scheduler.contract import (
     ANN_SKIP_MUTATION,
     DEFAULT_SCHEDULER,
     RESOURCE_GPU,
-    pod_gpu_request,
-    pod_group_name,
 )
 from gpu_scheduler.fields import FieldError, expect_object, list_at, object_at, string_at
+from gpu_scheduler.podspec import pod_gpu_request, pod_group_name
 from gpu_scheduler.textclip import clip_text
 from webhook import affinity
 from webhook.config import WebhookConfig

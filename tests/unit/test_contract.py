@@ -3,7 +3,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpu_scheduler import contract
+from gpu_scheduler import contract, podspec
 from gpu_scheduler.fields import FieldError
 from gpu_scheduler.quantity import QuantityError, parse_quantity
 
@@ -13,59 +13,59 @@ def gpu(n, where="requests"):
 
 
 def test_requests_and_limits_count_the_same():
-    assert contract.pod_gpu_request({"containers": [gpu(2)]}) == 2
-    assert contract.pod_gpu_request({"containers": [gpu(2, "limits")]}) == 2
+    assert podspec.pod_gpu_request({"containers": [gpu(2)]}) == 2
+    assert podspec.pod_gpu_request({"containers": [gpu(2, "limits")]}) == 2
 
 
 def test_request_wins_over_limit_when_both_given():
     c = {"resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}
-    assert contract.pod_gpu_request({"containers": [c]}) == 1
+    assert podspec.pod_gpu_request({"containers": [c]}) == 1
 
 
 def test_containers_are_summed():
-    assert contract.pod_gpu_request({"containers": [gpu(1), gpu(2), {"name": "x"}]}) == 3
+    assert podspec.pod_gpu_request({"containers": [gpu(1), gpu(2), {"name": "x"}]}) == 3
 
 
 def test_init_containers_count_by_their_maximum():
     spec = {"containers": [gpu(1)], "initContainers": [gpu(4), gpu(2)]}
-    assert contract.pod_gpu_request(spec) == 4
+    assert podspec.pod_gpu_request(spec) == 4
     spec = {"containers": [gpu(3)], "initContainers": [gpu(2)]}
-    assert contract.pod_gpu_request(spec) == 3
+    assert podspec.pod_gpu_request(spec) == 3
 
 
 def test_sidecars_add_to_the_sum_and_to_later_init_containers():
     sidecar = gpu(1) | {"restartPolicy": "Always"}
     # sidecar runs beside the app container: 2 + 1
-    assert contract.pod_gpu_request({"containers": [gpu(2)], "initContainers": [sidecar]}) == 3
+    assert podspec.pod_gpu_request({"containers": [gpu(2)], "initContainers": [sidecar]}) == 3
     # an init container after the sidecar runs beside it: max(1+2, 1+3) = 4
     spec = {"containers": [gpu(2)], "initContainers": [sidecar, gpu(3)]}
-    assert contract.pod_gpu_request(spec) == 4
+    assert podspec.pod_gpu_request(spec) == 4
     # an init container before the sidecar runs alone: max(3, 1+2) = 3
     spec = {"containers": [gpu(2)], "initContainers": [gpu(3), sidecar]}
-    assert contract.pod_gpu_request(spec) == 3
+    assert podspec.pod_gpu_request(spec) == 3
 
 
 def test_overhead_is_added():
     spec = {"containers": [gpu(1)], "overhead": {contract.RESOURCE_GPU: "1"}}
-    assert contract.pod_gpu_request(spec) == 2
+    assert podspec.pod_gpu_request(spec) == 2
 
 
 def test_no_gpu_and_empty_specs():
-    assert contract.pod_gpu_request(None) == 0
-    assert contract.pod_gpu_request({}) == 0
-    assert contract.pod_gpu_request({"containers": None, "initContainers": None}) == 0
-    assert contract.pod_gpu_request({"containers": [{"resources": None}]}) == 0
+    assert podspec.pod_gpu_request(None) == 0
+    assert podspec.pod_gpu_request({}) == 0
+    assert podspec.pod_gpu_request({"containers": None, "initContainers": None}) == 0
+    assert podspec.pod_gpu_request({"containers": [{"resources": None}]}) == 0
 
 
 def test_bad_quantities_raise_naming_the_field():
     where = 'spec.containers[0].resources.requests["nvidia.com/gpu"]'
     with pytest.raises(FieldError, match=re.escape(where)):
-        contract.pod_gpu_request({"containers": [gpu("lots")]})
+        podspec.pod_gpu_request({"containers": [gpu("lots")]})
     with pytest.raises(FieldError, match="whole number") as caught:
-        contract.pod_gpu_request({"containers": [gpu("500m")]})
+        podspec.pod_gpu_request({"containers": [gpu("500m")]})
     assert not caught.value.wrong_type  # a value the API server would validate
     with pytest.raises(FieldError, match="must not be negative"):
-        contract.pod_gpu_request({"containers": [gpu("-1")]})
+        podspec.pod_gpu_request({"containers": [gpu("-1")]})
 
 
 @pytest.mark.parametrize(
@@ -87,7 +87,7 @@ def test_bad_quantities_raise_naming_the_field():
 )
 def test_wrong_types_raise_naming_the_field(spec, path):
     with pytest.raises(FieldError) as caught:
-        contract.pod_gpu_request(spec)
+        podspec.pod_gpu_request(spec)
     assert path in str(caught.value)
     assert caught.value.wrong_type
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpu_scheduler import contract
+from gpu_scheduler import contract, podspec
 from tests.bench.trace import (
     FillResult,
     Task,
@@ -72,7 +72,7 @@ def test_model_constraint_as_annotation_for_us_and_affinity_for_the_others():
         "operator": "In",
         "values": ["V100M16", "V100M32"],
     }
-    assert contract.pod_gpu_request(theirs["spec"]) == 2
+    assert podspec.pod_gpu_request(theirs["spec"]) == 2
     cpu = pod_manifest(task(gpus=0), "trace-default", ours=False)
     assert "tolerations" not in cpu["spec"]
 

@@ -1,0 +1,124 @@
+"""What a pod spec asks for, read as kube-scheduler reads it: per-container and
+effective pod requests of a resource (sidecars and overhead counted), whole GPUs, CPU
+and memory, and the PodGroup it joins. JSON forms in; :class:`FieldError` names the
+field that is malformed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from gpu_scheduler.contract import POD_GROUP_FIELD, RESOURCE_GPU
+from gpu_scheduler.fields import (
+    FieldError,
+    expect_object,
+    key_path,
+    list_at,
+    object_at,
+    string_at,
+)
+from gpu_scheduler.quantity import QuantityError, parse_quantity
+from gpu_scheduler.textclip import clip
+
+_ZERO = Decimal(0)
+
+
+def container_request(container: Mapping[str, Any], resource: str, path: str) -> Decimal:
+    """A container's request for ``resource``; a limit implies the request.
+
+    The API server defaults a missing request to the limit, and extended resources
+    cannot be overcommitted, so ``limits`` alone counts exactly like ``requests``.
+    Raises :class:`FieldError` naming the field for a wrong type or a value that is
+    not a non-negative quantity.
+    """
+    resources = object_at(container, "resources", f"{path}.resources")
+    for kind in ("requests", "limits"):
+        where = f"{path}.resources.{kind}"
+        value = object_at(resources, kind, where).get(resource)
+        if value is not None:
+            return _quantity(value, key_path(where, resource))
+    return _ZERO
+
+
+def pod_request(spec: Mapping[str, Any], resource: str) -> Decimal:
+    """A pod's effective request for one resource, as kube-scheduler computes it.
+
+    ``max(sum(containers) + sum(sidecars), max over init containers of (own request +
+    sidecars started before it))`` plus ``overhead``, following
+    ``k8s.io/component-helpers/resource.PodRequests``: restartable (sidecar) init
+    containers keep running beside the app containers, so they add to the sum; a plain
+    init container runs alone, beside only the sidecars started before it.
+    Raises :class:`FieldError` naming the first malformed field.
+    """
+    total = _ZERO
+    for i, container in enumerate(list_at(spec, "containers", "spec.containers")):
+        where = f"spec.containers[{i}]"
+        total += container_request(expect_object(container, where), resource, where)
+    sidecars = _ZERO
+    init_peak = _ZERO
+    for i, init in enumerate(list_at(spec, "initContainers", "spec.initContainers")):
+        where = f"spec.initContainers[{i}]"
+        init = expect_object(init, where)
+        own = container_request(init, resource, where)
+        if init.get("restartPolicy") == "Always":
+            total += own
+            sidecars += own
+            during = sidecars
+        else:
+            during = own + sidecars
+        init_peak = max(init_peak, during)
+    total = max(total, init_peak)
+    overhead = object_at(spec, "overhead", "spec.overhead").get(resource)
+    if overhead is not None:
+        total += _quantity(overhead, key_path("spec.overhead", resource))
+    return total
+
+
+def pod_gpu_request(spec: Any) -> int:
+    """How many whole GPUs (``nvidia.com/gpu``) a pod spec requests.
+
+    ``spec`` is the pod's ``spec`` in its JSON form. Raises :class:`FieldError` for a
+    malformed field, or a negative or fractional quantity (the API server rejects
+    those too).
+    """
+    if spec is None:
+        return 0
+    value = pod_request(expect_object(spec, "spec"), RESOURCE_GPU)
+    if value != value.to_integral_value():
+        raise FieldError(
+            f"{RESOURCE_GPU} request", f"must be a whole number, got {value}", wrong_type=False
+        )
+    return int(value)
+
+
+def pod_group_name(spec: Mapping[str, Any]) -> str | None:
+    """The PodGroup a pod spec (JSON form) joins (``spec.schedulingGroup.podGroupName``),
+    or None. Raises :class:`FieldError` for a field of the wrong type."""
+    outer, inner = POD_GROUP_FIELD
+    group = object_at(spec, outer, f"spec.{outer}")
+    return string_at(group, inner, f"spec.{outer}.{inner}") or None
+
+
+def pod_cpu_memory(spec: Any) -> tuple[int, int]:
+    """A pod's CPU (millicores) and memory (MiB) requests, as kube-scheduler sums them;
+    (0, 0) parts for a spec it cannot read (for preferences only: never raises)."""
+    values = []
+    for resource, scale in (("cpu", 1000), ("memory", Decimal(1) / (1 << 20))):
+        try:
+            amount = pod_request(expect_object(spec, "spec"), resource) if spec else _ZERO
+        except FieldError:
+            amount = _ZERO
+        values.append(max(0, min(int(amount * scale), 1 << 40)))
+    return values[0], values[1]
+
+
+def _quantity(value: Any, path: str) -> Decimal:
+    try:
+        quantity = parse_quantity(value)
+    except QuantityError as exc:
+        wrong_type = not isinstance(value, str | int | float) or isinstance(value, bool)
+        raise FieldError(path, str(exc), wrong_type=wrong_type) from None
+    if quantity < 0:
+        raise FieldError(path, f"must not be negative, got {clip(value)}", wrong_type=False)
+    return quantity
