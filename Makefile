@@ -57,8 +57,11 @@ e2e: $(STAMP) controlplane-$(K8S_MINOR) controlplane-$(lastword $(K8S_MINORS)) \
 image:
 	tools/image/build.sh
 
+# ruff, and the house's size rule (tools/sizes.py: product files <= 450 lines,
+# functions <= 80).
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/python tools/sizes.py
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
@@ -68,6 +71,7 @@ unit: $(STAMP)
 # one of them on a real node running the image (built first where buildah is installed).
 test: $(STAMP) $(if $(HAVE_GO),controlplane controlplane-$(K8S_OLDEST) kueue) $(if $(HAVE_IMAGE_TOOLS),image)
 	$(BIN)/ruff check .
+	$(BIN)/python tools/sizes.py
 	$(BIN)/pytest
 
 demo: $(STAMP) controlplane $(if $(HAVE_IMAGE_TOOLS),image)

@@ -9,6 +9,13 @@ from typing import Any
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    _node_flags(parser.add_argument_group("the node and its heartbeat"))
+    _writing_flags(parser.add_argument_group("what it reads and writes"))
+    _health_flags(parser.add_argument_group("GPU health"))
+    _serving_flags(parser.add_argument_group("serving and the API"))
+
+
+def _node_flags(parser: Any) -> None:
     parser.add_argument(
         "--node-name",
         default=os.environ.get("NODE_NAME"),
@@ -45,6 +52,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the agent's pod UID (default $POD_UID). Without the pod's namespace, name "
         "and UID there is no heartbeat, and the node counts as not agent-managed",
     )
+
+
+def _writing_flags(parser: Any) -> None:
     parser.add_argument(
         "--once", action="store_true", help="one round, then exit (non-zero on any failure)"
     )
@@ -75,6 +85,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="write GPU Feature Discovery's nvidia.com/ label keys: auto (default) unless "
         "GFD labels the node (nvidia.com/gfd.timestamp), always, or never",
     )
+
+
+def _health_flags(parser: Any) -> None:
     parser.add_argument(
         "--xid-ignore",
         metavar="LIST",
@@ -105,6 +118,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="/healthz answers 503 after this long without a good NVML read, so the "
         "kubelet restarts the agent (a driver upgraded under it; default 5m)",
     )
+
+
+def _serving_flags(parser: Any) -> None:
     parser.add_argument("--host", default="0.0.0.0", help="address for --port (default 0.0.0.0)")
     parser.add_argument(
         "--port",
