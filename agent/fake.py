@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.inventory import DRIVER_VERSION, MAJOR_MINOR, Gpu, Inventory, InventoryError, MigDevice
+from gpu_scheduler.fields import is_integer
 
 _GPU_KEYS = {
     "index",
@@ -106,7 +107,7 @@ def _parse_gpu(item: Any, pos: int) -> Gpu:
         raise InventoryError(f"gpus[{pos}]: expected a mapping")
     _no_unknown_keys(item, _GPU_KEYS, where)
     index = item.get("index", pos)
-    if not _is_int(index) or index < 0:
+    if not is_integer(index) or index < 0:
         raise InventoryError(f"{where}index: expected an integer >= 0, got {index!r}")
     name = _text(item, "name", where)
     uuid = _text(item, "uuid", where)
@@ -122,7 +123,7 @@ def _parse_gpu(item: Any, pos: int) -> Gpu:
         raise InventoryError(f"{where}migEnabled is true but migCapable is false")
     healthy = _flag(item, "healthy", where, True)
     xid = item.get("xid")
-    if xid is not None and not (_is_int(xid) and 0 < xid < 1 << 16):
+    if xid is not None and not (is_integer(xid) and 0 < xid < 1 << 16):
         raise InventoryError(f"{where}xid: expected an XID number (1..65535), got {xid!r}")
     pci_class = str(item.get("pciClass", "0x030200"))
     if not re.fullmatch(r"0x[0-9a-f]{6}", pci_class):
@@ -171,10 +172,6 @@ def _no_unknown_keys(data: Mapping[str, Any], allowed: set[str], where: str) -> 
         )
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _text(data: Mapping[str, Any], key: str, where: str) -> str:
     if key not in data or data[key] is None:
         raise InventoryError(f"{where}{key}: missing")
@@ -189,7 +186,7 @@ def _text(data: Mapping[str, Any], key: str, where: str) -> str:
 
 def _positive_int(data: Mapping[str, Any], key: str, where: str) -> int:
     value = data.get(key)
-    if not _is_int(value) or value <= 0:
+    if not is_integer(value) or value <= 0:
         raise InventoryError(f"{where}{key}: expected a positive integer (MiB), got {value!r}")
     return int(value)
 

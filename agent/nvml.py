@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.inventory import DRIVER_VERSION, Gpu, Inventory, InventoryError, MigDevice
+from gpu_scheduler.quantity import mib
 
 _NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
-_MIB = 1 << 20
 
 
 class NvmlBackend:
@@ -73,7 +73,7 @@ class NvmlBackend:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             uuid = text(nvml.nvmlDeviceGetUUID(handle))
             name = text(nvml.nvmlDeviceGetName(handle))
-            memory = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // _MIB
+            memory = mib(nvml.nvmlDeviceGetMemoryInfo(handle).total)
             major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
             compute = f"{int(major)}.{int(minor)}"
             mig_capable, mig_enabled = _mig_mode(nvml, handle)
@@ -164,7 +164,7 @@ def _mig_devices(nvml: Any, handle: Any) -> tuple[MigDevice, ...]:
                 index=slot,
                 uuid=text(nvml.nvmlDeviceGetUUID(mig)),
                 name=text(nvml.nvmlDeviceGetName(mig)),
-                memory_mib=int(nvml.nvmlDeviceGetMemoryInfo(mig).total) // _MIB,
+                memory_mib=mib(nvml.nvmlDeviceGetMemoryInfo(mig).total),
             )
         )
     return tuple(devices)

@@ -25,7 +25,7 @@ from extender import dra_index, metrics
 from extender.columns import FreeState, NodeTable, free_state
 from extender.dra_index import DraIndex
 from extender.model import NodeFacts, lease_heartbeat, node_facts
-from extender.records import PodRecord, pod_record, pod_uid
+from extender.records import PodRecord, object_key, pod_record
 from extender.records import add_count as _add
 from extender.records import reduced as _reduced
 from extender.reflector import Reflector
@@ -380,7 +380,9 @@ class ClusterCache:
         metrics.CACHE_OBJECTS.labels("pods").set(len(records))
 
     def pod_event(self, kind: str, obj: Mapping[str, Any]) -> None:
-        uid = pod_uid(obj.get("metadata"))
+        uid = object_key(obj)
+        if uid is None:
+            return
         new = None if kind == "DELETED" else pod_record(obj)
         with self._lock:
             old = self._pods.pop(uid, None)

@@ -26,6 +26,7 @@ from extender.policies import REGISTRY
 from gpu_scheduler import contract
 from gpu_scheduler.configfile import checked_mapping, load_yaml_file
 from gpu_scheduler.durations import parse_duration
+from gpu_scheduler.fields import is_integer
 
 KNOWN_POLICIES = tuple(REGISTRY)
 SCORING_POLICIES = tuple(name for name, entry in REGISTRY.items() if entry.weight is not None)
@@ -57,7 +58,7 @@ class ExtenderConfig:
         if bad:
             raise ConfigError(f"disabled: unknown policies {sorted(bad)}")
         for name, weight in self.weights.items():
-            if not isinstance(weight, int) or isinstance(weight, bool) or weight < 0:
+            if not is_integer(weight) or weight < 0:
                 raise ConfigError(f"weights.{name} must be a non-negative integer")
         active = {n: w for n, w in self.weights.items() if w > 0 and n not in self.disabled}
         total = sum(active.values())

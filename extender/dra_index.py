@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.model import MAX_GPUS, NodeFacts
+from extender.records import object_key
 from gpu_scheduler import contract, dra
 from gpu_scheduler.contract import GpuHealth
+from gpu_scheduler.quantity import mib
 
 log = logging.getLogger(__name__)
 _intern = sys.intern
@@ -43,25 +45,14 @@ def _gpu(device: dra.Device) -> DraGpu:
     name = device.attribute(dra.ATTR_PRODUCT)
     product = contract.product_label_value(name) if isinstance(name, str) and name else None
     memory = device.capacity_of(dra.CAPACITY_MEMORY)
-    mib = int(memory / (1 << 20)) if memory is not None and memory > 0 else None
-    pair = (_intern(product) if product else None, mib)
+    size = mib(memory) if memory is not None and memory > 0 else None
+    pair = (_intern(product) if product else None, size)
     return _GPUS.setdefault(pair, DraGpu(*pair))
 
 
 # A slice as kept: driver, pool, generation, and (node, key, gpu, blocking taints) per
 # device of the class.
 _Slice = tuple[str, str, int, list[tuple[str, dra.DeviceKey, DraGpu, tuple[str, ...]]]]
-
-
-def _key_of(obj: Mapping[str, Any]) -> str | None:
-    meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
-        return None
-    uid = meta.get("uid")
-    if isinstance(uid, str) and uid:
-        return uid
-    name = meta.get("name")
-    return f"{meta.get('namespace')}/{name}" if isinstance(name, str) else None
 
 
 # What a relist hands the index: each object reduced by these (outside the cache's
@@ -75,7 +66,7 @@ def parse_class(obj: Mapping[str, Any]) -> dra.DeviceClass | None:
 
 
 def parse_slice(obj: Mapping[str, Any]) -> ParsedSlice | None:
-    name = _key_of(obj)
+    name = object_key(obj)
     parsed = dra.slice_devices(obj)
     return None if name is None or parsed is None else (name, parsed)
 
@@ -85,7 +76,7 @@ def parse_rule(obj: Mapping[str, Any]) -> dra.TaintRule | None:
 
 
 def parse_claim(obj: Mapping[str, Any]) -> ParsedClaim | None:
-    key = _key_of(obj)
+    key = object_key(obj)
     devices = dra.claim_devices(obj)
     return (key, devices) if key is not None and devices else None
 
@@ -179,7 +170,7 @@ class DraIndex:
         return self._refresh(touched)
 
     def slice_event(self, kind: str, obj: Mapping[str, Any]) -> set[str]:
-        name = _key_of(obj)
+        name = object_key(obj)
         if name is None:
             return set()
         touched = self._drop_slice(name)
@@ -290,7 +281,7 @@ class DraIndex:
         return before | set(self._used)
 
     def claim_event(self, kind: str, obj: Mapping[str, Any]) -> set[str]:
-        key = _key_of(obj)
+        key = object_key(obj)
         if key is None:
             return set()
         old = self._claims.pop(key, frozenset())

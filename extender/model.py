@@ -15,7 +15,14 @@ from typing import Any
 from gpu_scheduler import contract, podspec
 from gpu_scheduler.constraints import annotation_reader, hard_constraints
 from gpu_scheduler.fields import FieldError, expect_object, object_at, string_at
-from gpu_scheduler.quantity import QuantityError, parse_count, parse_quantity, type_name
+from gpu_scheduler.quantity import (
+    QuantityError,
+    mib,
+    millis,
+    parse_count,
+    parse_quantity,
+    type_name,
+)
 from gpu_scheduler.textclip import clip
 from gpu_scheduler.timestamps import rfc3339_seconds
 
@@ -225,14 +232,14 @@ def _milli(value: Any) -> int | None:
     """A CPU quantity in millicores; None when absent or unreadable (it only informs
     a preference, so a bad value must not fail the node)."""
     try:
-        return None if value is None else _clamp(int(parse_quantity(value) * 1000))
+        return None if value is None else _clamp(millis(parse_quantity(value)))
     except QuantityError:
         return None
 
 
 def _mib(value: Any) -> int | None:
     try:
-        return None if value is None else _clamp(int(parse_quantity(value)) >> 20)
+        return None if value is None else _clamp(mib(parse_quantity(value)))
     except QuantityError:
         return None
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from extender.workload import TaskShape, task_shape
 from gpu_scheduler import contract, podspec
-from gpu_scheduler.constraints import parse_products
+from gpu_scheduler.constraints import annotation_reader, hard_constraints
 from gpu_scheduler.fields import FieldError
 
 
@@ -50,34 +50,41 @@ def pod_record(pod: Mapping[str, Any]) -> tuple[str, PodRecord] | None:
         return None
     if isinstance(status, Mapping) and status.get("phase") in contract.TERMINAL_PHASES:
         return None
-    uid = pod_uid(meta)
+    uid = object_key(pod)
+    if uid is None:
+        return None
     try:
         gpus = podspec.pod_gpu_request(spec)
     except FieldError:
         gpus = 0
     annotations = meta.get("annotations")
     annotations = annotations if isinstance(annotations, Mapping) else {}
-    group_name = annotations.get(contract.ANN_GROUP)
+    # The pod's knobs, read as the extender reads them for a pod it scores (pod_facts):
+    # a malformed one counts as absent here.
+    group_name = annotation_reader(annotations, [])(contract.ANN_GROUP)
     namespace = meta.get("namespace")
     group = None
-    if isinstance(group_name, str) and group_name:
+    if group_name:
         group = (sys.intern(namespace if isinstance(namespace, str) else "default"), group_name)
     if gpus == 0 and group is None:
         return None
-    raw = annotations.get(contract.ANN_GPU_PRODUCTS)
-    products = parse_products(raw) if gpus and isinstance(raw, str) else None
+    products = hard_constraints(annotations).products if gpus else None
     restricted = tuple(sorted(sys.intern(p) for p in products)) if products else None
     cpu_milli, ram_mib = podspec.pod_cpu_memory(spec) if gpus else (0, 0)
     return uid, PodRecord(sys.intern(node), gpus, group, restricted, cpu_milli, ram_mib)
 
 
-def pod_uid(meta: Any) -> str:
+def object_key(obj: Any) -> str | None:
+    """The key the cache keeps an API object under: its uid, else namespace/name;
+    None for an object with neither (nothing can track it)."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
     if not isinstance(meta, Mapping):
-        return ""
+        return None
     uid = meta.get("uid")
     if isinstance(uid, str) and uid:
         return uid
-    return f"{meta.get('namespace')}/{meta.get('name')}"
+    name = meta.get("name")
+    return f"{meta.get('namespace')}/{name}" if isinstance(name, str) else None
 
 
 def add_count(counts: dict[Any, int], key: Any, delta: int) -> None:

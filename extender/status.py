@@ -71,7 +71,6 @@ def inventory_rows(view: View, now: float) -> list[tuple[str, ...]]:
     for name in sorted(view.nodes):
         facts = view.nodes[name]
         taken = view.used_gpus(name)
-        free = view.free.get(name)
         rows.append(
             (
                 name,
@@ -81,7 +80,7 @@ def inventory_rows(view: View, now: float) -> list[tuple[str, ...]]:
                 str(facts.allocatable),
                 healthy(facts),
                 str(taken),
-                str(max(free[0] if free is not None else facts.usable - taken, 0)),
+                str(max(view.free_gpus(facts), 0)),
                 facts.zone or "-",
                 facts.capacity_type or "-",
                 age(facts.heartbeat, now),

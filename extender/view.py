@@ -88,6 +88,13 @@ class View:
     def used_gpus(self, node: str) -> int:
         return self.used.get(node, 0)
 
+    def free_gpus(self, node: NodeFacts) -> int:
+        """GPUs a pod can still be given on ``node``: what the cache keeps for it
+        (columns.free_state), or, for a node it does not keep (args mode), its usable
+        GPUs less the ones in use."""
+        state = self.free.get(node.name)
+        return state[0] if state is not None else node.usable - self.used.get(node.name, 0)
+
     def group_zones(self, namespace: str, group: str) -> dict[str, int]:
         """Zone -> pods of this placement group already running there."""
         zones: dict[str, int] = {}

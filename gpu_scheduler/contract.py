@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_scheduler.quantity import QuantityError, parse_quantity, type_name
+from gpu_scheduler.quantity import QuantityError, mib, parse_quantity, type_name
 from gpu_scheduler.textclip import clip, clip_text
 
 # --- resources ---------------------------------------------------------------------
@@ -183,7 +183,7 @@ def parse_mib(value: Any) -> int:
     quantity = parse_quantity(text)
     if quantity < 0:
         raise QuantityError(f"memory must not be negative: {clip(value)}")
-    return int(quantity / (1 << 20))
+    return mib(quantity)
 
 
 def capacity_type(labels: Mapping[str, Any]) -> str | None:

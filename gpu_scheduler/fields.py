@@ -70,6 +70,11 @@ def string_at(parent: Mapping[str, Any], key: str, path: str) -> str | None:
     raise FieldError(path, f"must be a string, not {type_name(value)} ({clip(value, 64)})")
 
 
+def is_integer(value: Any) -> bool:
+    """Whether ``value`` is a JSON integer (Python's ``bool`` is an ``int``, not one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def key_path(path: str, key: str) -> str:
     """``path["a/b"]`` for map keys that are not identifiers, else ``path.key``."""
     return f"{path}.{key}" if key.isidentifier() else f'{path}["{key}"]'

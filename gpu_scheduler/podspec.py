@@ -18,7 +18,7 @@ from gpu_scheduler.fields import (
     object_at,
     string_at,
 )
-from gpu_scheduler.quantity import QuantityError, parse_quantity
+from gpu_scheduler.quantity import QuantityError, mib, millis, parse_quantity
 from gpu_scheduler.textclip import clip
 
 _ZERO = Decimal(0)
@@ -104,12 +104,12 @@ def pod_cpu_memory(spec: Any) -> tuple[int, int]:
     """A pod's CPU (millicores) and memory (MiB) requests, as kube-scheduler sums them;
     (0, 0) parts for a spec it cannot read (for preferences only: never raises)."""
     values = []
-    for resource, scale in (("cpu", 1000), ("memory", Decimal(1) / (1 << 20))):
+    for resource, unit in (("cpu", millis), ("memory", mib)):
         try:
             amount = pod_request(expect_object(spec, "spec"), resource) if spec else _ZERO
         except FieldError:
             amount = _ZERO
-        values.append(max(0, min(int(amount * scale), 1 << 40)))
+        values.append(min(unit(amount), 1 << 40))
     return values[0], values[1]
 
 

@@ -82,6 +82,16 @@ def parse_quantity(value: Any) -> Decimal:
     raise QuantityError(f"a quantity must be a string or a number, not {type_name(value)}")
 
 
+def mib(amount: Decimal | int) -> int:
+    """Bytes (a memory quantity) as whole MiB, rounded down; 0 for a negative amount."""
+    return max(0, int(amount)) >> 20
+
+
+def millis(amount: Decimal | int) -> int:
+    """Cores (a CPU quantity) as millicores, rounded down; 0 for a negative amount."""
+    return max(0, int(amount * 1000))
+
+
 def parse_count(value: Any, what: str) -> int:
     """A non-negative whole quantity (a GPU count), e.g. ``"2"``; ``"2000m"`` is 2."""
     quantity = parse_quantity(value)

@@ -31,6 +31,7 @@ from gpu_scheduler.contract import (
     is_label_key,
     is_label_value,
 )
+from gpu_scheduler.fields import is_integer
 from webhook.affinity import LabelMap
 from webhook.platforms import label_map
 
@@ -119,7 +120,7 @@ def toleration_problem(t: Any) -> str | None:
     if effect and effect not in EFFECTS:
         return f"effect must be empty or one of {EFFECTS}"
     if seconds is not None:
-        if not isinstance(seconds, int) or isinstance(seconds, bool):
+        if not is_integer(seconds):
             return "tolerationSeconds must be an integer"
         if effect != "NoExecute":
             return "tolerationSeconds needs effect NoExecute"

@@ -54,7 +54,14 @@ from gpu_scheduler.contract import (
     DEFAULT_SCHEDULER,
     RESOURCE_GPU,
 )
-from gpu_scheduler.fields import FieldError, expect_object, list_at, object_at, string_at
+from gpu_scheduler.fields import (
+    FieldError,
+    expect_object,
+    is_integer,
+    list_at,
+    object_at,
+    string_at,
+)
 from gpu_scheduler.podspec import pod_gpu_request, pod_group_name
 from gpu_scheduler.textclip import clip_text
 from webhook import affinity
@@ -275,7 +282,7 @@ def _checked_toleration(value: Any, path: str) -> Mapping[str, Any]:
     for key in ("key", "operator", "value", "effect"):
         string_at(toleration, key, f"{path}.{key}")
     seconds = toleration.get("tolerationSeconds")
-    if seconds is not None and (not isinstance(seconds, int) or isinstance(seconds, bool)):
+    if seconds is not None and not is_integer(seconds):
         raise FieldError(f"{path}.tolerationSeconds", "must be an integer")
     return toleration
 
@@ -327,7 +334,7 @@ def _normal(t: Mapping[str, Any]) -> tuple[str, str, str, str, int | None] | Non
     seconds = t.get("tolerationSeconds")
     if not all(isinstance(x, str) for x in (key, op, value, effect)):
         return None
-    if seconds is not None and (not isinstance(seconds, int) or isinstance(seconds, bool)):
+    if seconds is not None and not is_integer(seconds):
         return None
     return key, op, value, effect, seconds
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -26,7 +25,6 @@ class _State:
     min_memory_mib: int | None
     products: frozenset[str] | None
     spread: bool
-    used: Mapping[str, int]
 
 
 class GpuPolicy(Policy):
@@ -47,9 +45,7 @@ class GpuPolicy(Policy):
 
     @staticmethod
     def _state(pod: PodFacts, view: ClusterView) -> _State:
-        return _State(
-            pod.gpus, pod.min_memory_mib, pod.products, pod.placement == "spread", view.used
-        )
+        return _State(pod.gpus, pod.min_memory_mib, pod.products, pod.placement == "spread")
 
     def filter(self, state: _State, node: NodeFacts, view: ClusterView) -> Failure | None:
         want = state.gpus
@@ -86,7 +82,7 @@ class GpuPolicy(Policy):
                 f"unhealthy: {', '.join(node.unhealthy) or 'unknown'}",
                 True,
             )
-        free = usable - state.used.get(node.name, 0)
+        free = view.free_gpus(node)
         if free < want:
             sick = f" ({len(node.unhealthy)} unhealthy)" if usable < node.allocatable else ""
             return Failure(
