@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_scheduler import contract
+from lab.kubelet_shim import node_object
 
 
 def make_node(
@@ -20,7 +21,10 @@ def make_node(
     memory: str = "256Gi",
     extra_labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    labels: dict[str, str] = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}
+    """A Node as kube-scheduler sends it in args mode: the lab's Node (what a kubelet
+    registers, lab.kubelet_shim.node_object) with GFD-style GPU labels, the metadata the
+    API server adds (uid, resourceVersion) and the kubelet's node info."""
+    labels: dict[str, str] = {}
     if gpus:
         labels[contract.LABEL_GPU_PRESENT] = "true"
         labels[contract.LABEL_GPU_COUNT] = str(gpus)
@@ -35,28 +39,18 @@ def make_node(
     if zone:
         labels[contract.LABEL_ZONE] = zone
     labels.update(extra_labels or {})
-    annotations = {"node.alpha.kubernetes.io/ttl": "0"}
-    resources = {"cpu": cpu, "memory": memory, "pods": "110"}
-    if gpus:
-        resources[contract.RESOURCE_GPU] = str(gpus)
-    return {
-        "kind": "Node",
-        "apiVersion": "v1",
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "resourceVersion": "1",
-            "labels": labels,
-            "annotations": annotations,
-        },
-        "spec": {"podCIDR": "10.0.0.0/24"},
-        "status": {
-            "capacity": dict(resources),
-            "allocatable": dict(resources),
-            "conditions": [{"type": "Ready", "status": "True"}],
-            "nodeInfo": {"kubeletVersion": "v1.37.2", "architecture": "amd64"},
-        },
-    }
+    node = node_object(
+        name,
+        labels=labels,
+        annotations={"node.alpha.kubernetes.io/ttl": "0"},
+        gpus=gpus or None,
+        cpu=cpu,
+        memory=memory,
+    )
+    node["metadata"].update({"uid": f"uid-{name}", "resourceVersion": "1"})
+    node["spec"]["podCIDR"] = "10.0.0.0/24"
+    node["status"]["nodeInfo"] = {"kubeletVersion": "v1.37.2", "architecture": "amd64"}
+    return node
 
 
 def make_pod(
@@ -117,3 +111,25 @@ def make_lease(node: str, renewed: str | None, namespace: str = "gpu-scheduler")
         },
         "spec": spec,
     }
+
+
+def admission_review(obj: Any, **request: Any) -> dict[str, Any]:
+    """An AdmissionReview (admission.k8s.io/v1) for a Pod CREATE, as the API server sends
+    it; ``request`` fields replace the defaults."""
+    req = {
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+        "name": "",
+        "namespace": "ns",
+        "operation": "CREATE",
+        "userInfo": {"username": "admin", "groups": ["system:authenticated"]},
+        "object": obj,
+        "oldObject": None,
+        "dryRun": False,
+        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        **request,
+    }
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}

@@ -39,6 +39,8 @@ HOSTNAME = f"{SERVICE}.{NAMESPACE}.svc"
 
 
 def review_body() -> bytes:
+    from tests.factories import admission_review
+
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -80,24 +82,9 @@ def review_body() -> bytes:
             ],
         },
     }
-    review = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "ml",
-            "operation": "CREATE",
-            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
-            "object": pod,
-            "oldObject": None,
-            "dryRun": False,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-        },
-    }
+    review = admission_review(
+        pod, namespace="ml", userInfo={"username": "alice", "groups": ["system:authenticated"]}
+    )
     return json.dumps(review).encode()
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import requests
 
 from gpu_scheduler import contract
-from tests.factories import make_node, make_pod
+from tests.factories import admission_review, make_node, make_pod
 from tests.fuzz.harness import Target
 from tests.helpers import CLI, free_port, running, tail, wait_for
 
@@ -63,19 +63,7 @@ def names_body() -> dict[str, Any]:
 
 
 def review_body() -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "b7bb6a4f-0000-4000-8000-000000000001",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "ml",
-            "operation": "CREATE",
-            "object": base_pod(),
-            "dryRun": False,
-        },
-    }
+    return admission_review(base_pod(), uid="b7bb6a4f-0000-4000-8000-000000000001", namespace="ml")
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ import pytest
 import requests
 
 from gpu_scheduler.contract import GPU_TOLERATION, RESOURCE_GPU
+from tests.factories import admission_review
 from tests.helpers import CLI, ROOT, free_port, wait_for
 from tests.unit.conftest import CERTS_NAMESPACE, CERTS_SERVICE, WebhookServer, certs_generate
 
@@ -44,17 +45,7 @@ def gpu_pod(gpus: str = "1", **spec: Any) -> dict[str, Any]:
 
 
 def review(obj: Any, uid: str = "b7bb6a4f-0000-4000-8000-000000000001", **req: Any) -> dict:
-    request = {
-        "uid": uid,
-        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "namespace": "ml",
-        "operation": "CREATE",
-        "object": obj,
-        "dryRun": False,
-        **req,
-    }
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    return admission_review(obj, uid=uid, namespace="ml", **req)
 
 
 def post(server: WebhookServer, body: Any, **kw: Any) -> requests.Response:

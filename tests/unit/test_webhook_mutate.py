@@ -13,6 +13,7 @@ import pytest
 from gpu_scheduler.contract import ANN_SKIP_MUTATION, GPU_TOLERATION, RESOURCE_GPU
 from gpu_scheduler.fields import FieldError
 from gpu_scheduler.http import BadInput
+from tests.factories import admission_review
 from webhook import mutate
 from webhook.admission import parse_review, review
 from webhook.config import ConfigError, WebhookConfig, config_from_mapping, load_config
@@ -319,24 +320,7 @@ def test_wrong_types_are_a_400_through_the_review() -> None:
 # --- AdmissionReview -----------------------------------------------------------------
 
 
-def review_body(obj: Any, **request: Any) -> dict[str, Any]:
-    req = {
-        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
-        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-        "name": "",
-        "namespace": "ns",
-        "operation": "CREATE",
-        "userInfo": {"username": "admin", "groups": ["system:authenticated"]},
-        "object": obj,
-        "oldObject": None,
-        "dryRun": False,
-        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-    }
-    req.update(request)
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}
+review_body = admission_review
 
 
 def test_review_response_shape() -> None:
