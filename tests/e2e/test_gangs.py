@@ -76,17 +76,28 @@ def placed(pods: list[Any]) -> int:
     return sum(1 for p in pods if p.spec.node_name)
 
 
+def force_delete(stack, namespace: str, pods: list[Any]) -> None:
+    """Delete pods as a kubelet would let them go. The lab's nodes run no kubelet: a
+    bound pod stays Terminating, holding its GPUs, until deleted with no grace period,
+    and one with the Job controller's tracking finalizer until that is taken off."""
+    for pod in pods:
+        name = pod.metadata.name
+        try:
+            core(stack).patch_namespaced_pod(name, namespace, {"metadata": {"finalizers": None}})
+            core(stack).delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
 def delete_job(stack, namespace: str, job: str) -> None:
-    """Delete a Job and its pods as a kubelet would let them go: the lab's nodes run no
-    kubelet, so a bound pod with the Job controller's tracking finalizer would stay
-    Terminating, holding its GPUs, until someone takes the finalizer off."""
+    """Delete a Job and its pods (the garbage collector's graceful deletion of them
+    would never finish on the lab's nodes: force_delete)."""
     client.BatchV1Api(stack.api).delete_namespaced_job(
         job, namespace, propagation_policy="Background"
     )
-    for pod in job_pods(stack, namespace, job):
-        name = pod.metadata.name
-        core(stack).patch_namespaced_pod(name, namespace, {"metadata": {"finalizers": None}})
-        core(stack).delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    found = core(stack).list_namespaced_pod(namespace, label_selector=f"job-name={job}")
+    force_delete(stack, namespace, found.items)
 
 
 def wait_for(what: str, check, timeout: float = 90) -> Any:
@@ -123,6 +134,7 @@ def namespace(stack) -> Iterator[str]:
     name = unique("gang")
     ensure_namespace(stack, name)
     yield name
+    force_delete(stack, name, core(stack).list_namespaced_pod(name).items)
     core(stack).delete_namespace(name)
 
 
