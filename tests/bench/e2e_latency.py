@@ -36,7 +36,7 @@ from tests.bench.trace import (  # noqa: E402
     node_manifest,
     pod_manifest,
 )
-from tests.bench.trace_replay import (  # noqa: E402
+from tests.bench.trace_runners import (  # noqa: E402
     NAMESPACE,
     clear_pods,
     scheduler_configs,

@@ -40,7 +40,7 @@ from lab.kubelet_shim import node_object  # noqa: E402
 from lab.processes import free_port  # noqa: E402
 from lab.stack import bare_stack, scheduler_config  # noqa: E402
 from tests.bench.extender_bench import BARE_APP, BARE_ON_OUR_SERVER  # noqa: E402
-from tests.bench.trace_replay import NAMESPACE, clear_pods  # noqa: E402
+from tests.bench.trace_runners import NAMESPACE, clear_pods  # noqa: E402
 from tests.helpers import running  # noqa: E402
 
 TAINT = {"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}

@@ -9,15 +9,12 @@ import json
 
 import pytest
 
-from tests.bench.trace_replay import (
+from tests.bench.trace_replay import parse_percentages, variant_label
+from tests.bench.trace_reports import _quantile, extender_call_stats, extender_calls
+from tests.bench.trace_runners import (
     _LogTail,
-    _quantile,
-    extender_call_stats,
-    extender_calls,
     nodes_to_find,
-    parse_percentages,
     scheduler_configs,
-    variant_label,
     with_percentage,
 )
 
