@@ -11,7 +11,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agent.inventory import DRIVER_VERSION, MAJOR_MINOR, Gpu, Inventory, InventoryError, MigDevice
+from agent.inventory import (
+    DRIVER_VERSION,
+    MAJOR_MINOR,
+    Gpu,
+    Inventory,
+    InventoryError,
+    MigDevice,
+    identity,
+)
 from gpu_scheduler.fields import is_integer
 
 _GPU_KEYS = {
@@ -148,11 +156,7 @@ def _parse_gpu(item: Any, pos: int) -> Gpu:
             )
         )
     return Gpu(
-        index=int(index),
-        uuid=uuid,
-        name=name,
-        memory_mib=memory,
-        compute_capability=compute,
+        **identity(int(index), uuid, name, memory, compute),
         mig_capable=mig_capable,
         mig_enabled=mig_enabled,
         mig_devices=tuple(mig),

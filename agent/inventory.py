@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 #: A driver version as NVML reports it: ``550.54.15`` (two or three dotted numbers).
 DRIVER_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
@@ -71,3 +71,15 @@ class Backend(Protocol):
     def read(self) -> Inventory:
         """The inventory now. Raises :class:`InventoryError` if it cannot be read."""
         ...
+
+
+def identity(index: int, uuid: str, name: str, memory_mib: int, compute: str) -> dict[str, Any]:
+    """What names a GPU (the :class:`Gpu` fields every backend reads first), as keyword
+    arguments for :class:`Gpu`."""
+    return {
+        "index": index,
+        "uuid": uuid,
+        "name": name,
+        "memory_mib": memory_mib,
+        "compute_capability": compute,
+    }

@@ -8,7 +8,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from agent.inventory import DRIVER_VERSION, Gpu, Inventory, InventoryError, MigDevice
+from agent.inventory import (
+    DRIVER_VERSION,
+    Gpu,
+    Inventory,
+    InventoryError,
+    MigDevice,
+    identity,
+)
 from gpu_scheduler.quantity import mib
 
 _NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
@@ -81,20 +88,12 @@ class NvmlBackend:
             reason = _health_problem(nvml, handle)
         except nvml.NVMLError as exc:
             return Gpu(
-                index=index,
-                uuid=uuid,
-                name=name,
-                memory_mib=memory,
-                compute_capability=compute,
+                **identity(index, uuid, name, memory, compute),
                 healthy=False,
                 reason=f"NVML error: {describe_error(exc)}",
             )
         return Gpu(
-            index=index,
-            uuid=uuid,
-            name=name,
-            memory_mib=memory,
-            compute_capability=compute,
+            **identity(index, uuid, name, memory, compute),
             mig_capable=mig_capable,
             mig_enabled=mig_enabled,
             mig_devices=mig,

@@ -97,20 +97,6 @@ def filter_nodes(
     return out
 
 
-def score_nodes(
-    pod: PodFacts,
-    nodes: Sequence[NodeFacts | None] | Candidates,
-    view: ClusterView,
-    policies: Sequence[Policy],
-    cfg: ExtenderConfig,
-    parts: dict[str, Sequence[float]] | None = None,
-    names: Sequence[str] | None = None,
-) -> list[int]:
-    """Integer scores 0..10, one per node (0 for unknown and unreadable nodes): the
-    list form of :func:`score_array`."""
-    return score_array(pod, nodes, view, policies, cfg, parts, names).tolist()
-
-
 def score_array(
     pod: PodFacts,
     nodes: Sequence[NodeFacts | None] | Candidates,

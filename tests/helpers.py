@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from lab.processes import free_port, stop_group
 
@@ -58,3 +59,10 @@ def tail(path: Path, lines: int = 60) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def score_nodes(*args: Any, **kwargs: Any) -> list[int]:
+    """extender.engine.score_array's scores as a list (what the tests compare)."""
+    from extender.engine import score_array
+
+    return score_array(*args, **kwargs).tolist()

@@ -11,13 +11,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from extender.config import ExtenderConfig
-from extender.engine import filter_nodes, score_nodes
+from extender.engine import filter_nodes
 from extender.model import node_facts, pod_facts
 from extender.policies import build_policies
 from gpu_scheduler.fields import FieldError
 from gpu_scheduler.http import BadInput
 from tests.fuzz.corpus import HOSTILE_QUANTITIES, _paths, _set
 from tests.fuzz.servers import base_nodes, base_pod, review_body
+from tests.helpers import score_nodes
 from tests.unit.test_extender_policies import View
 from webhook.admission import review
 from webhook.config import WebhookConfig

@@ -9,11 +9,12 @@ import pytest
 
 from extender.cache import ClusterCache
 from extender.config import ExtenderConfig
-from extender.engine import filter_nodes, score_nodes
+from extender.engine import filter_nodes
 from extender.model import pod_facts
 from extender.policies import build_policies
 from gpu_scheduler import contract, dra
 from tests.factories import make_node, make_pod
+from tests.helpers import score_nodes
 
 GPU_SELECTOR = (
     "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"

@@ -208,10 +208,10 @@ def test_the_engines_parts_are_read_as_plain_lists_are():
     """decision() reads the engine's lazy parts in one step (``pick``): the same
     figures as reading them one by one, known and unknown candidates alike."""
     from extender.config import ExtenderConfig
-    from extender.engine import score_nodes
     from extender.model import NodeFacts, PodFacts
     from extender.policies import build_policies
     from extender.view import View
+    from tests.helpers import score_nodes
 
     nodes = [
         NodeFacts(f"n{i}", 8, labelled_gpu=True, product=p, capacity_type=c, zone="z")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from extender.config import ConfigError, ExtenderConfig, config_from_mapping
-from extender.engine import UNKNOWN_NODE, filter_nodes, score_nodes
+from extender.engine import UNKNOWN_NODE, filter_nodes
 from extender.model import NodeFacts, lease_heartbeat, node_facts, pod_facts
 from extender.policies import build_policies
 from extender.view import View as ClusterView
 from gpu_scheduler import contract
 from gpu_scheduler.fields import FieldError
 from tests.factories import make_lease, make_node, make_pod
+from tests.helpers import score_nodes
 
 CFG = ExtenderConfig()
 POLICIES = build_policies(CFG)

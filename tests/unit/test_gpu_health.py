@@ -8,12 +8,13 @@ import json
 import pytest
 
 from extender.config import ExtenderConfig
-from extender.engine import filter_nodes, score_nodes
+from extender.engine import filter_nodes
 from extender.model import pod_facts
 from extender.policies import build_policies
 from gpu_scheduler import contract
 from gpu_scheduler.contract import GpuHealth, gpu_health
 from tests.factories import make_lease, make_node, make_pod
+from tests.helpers import score_nodes
 
 NOW = 1_800_000_000.0
 RENEWED = "2027-01-15T08:00:00.000000Z"  # fresh against NOW
