@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from lab.processes import free_port, stop_group
 
 __all__ = ["CLI", "ROOT", "free_port", "running", "tail", "wait_for"]
@@ -66,3 +68,15 @@ def score_nodes(*args: Any, **kwargs: Any) -> list[int]:
     from extender.engine import score_array
 
     return score_array(*args, **kwargs).tolist()
+
+
+def skip_with_an_nvidia_driver() -> Any:
+    """pynvml, on a machine where NVML cannot initialise (no NVIDIA driver: this test
+    machine); skips the test where a driver is present."""
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return pynvml
+    pynvml.nvmlShutdown()  # pragma: no cover - a machine with a driver
+    pytest.skip("an NVIDIA driver is present")  # pragma: no cover

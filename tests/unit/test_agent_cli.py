@@ -11,11 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import requests
 
 from gpu_scheduler import contract
-from tests.helpers import CLI, ROOT, free_port, wait_for
+from tests.helpers import CLI, ROOT, free_port, skip_with_an_nvidia_driver, wait_for
 
 FIXTURES = ROOT / "tests" / "fixtures" / "gpus"
 # No cluster anywhere: a kubeconfig lookup must never be what makes a test pass.
@@ -71,14 +70,7 @@ def test_once_with_a_bad_inventory_exits_non_zero(tmp_path: Path) -> None:
 
 
 def test_once_with_nvml_absent_exits_non_zero() -> None:
-    pynvml = pytest.importorskip("pynvml")
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        pass
-    else:  # pragma: no cover - a machine with a driver
-        pynvml.nvmlShutdown()
-        pytest.skip("an NVIDIA driver is present")
+    skip_with_an_nvidia_driver()
     result = agent("--once", "--dry-run")
     assert result.returncode == 1 and result.stdout == ""
     assert "NVML could not be initialised" in result.stderr

@@ -11,6 +11,7 @@ import pytest
 from agent.fake import FakeBackend
 from agent.inventory import InventoryError
 from agent.nvml import NvmlBackend, cuda_version_text
+from tests.helpers import skip_with_an_nvidia_driver
 
 GOOD = """
 driverVersion: "550.54.15"
@@ -332,13 +333,6 @@ def test_no_pynvml_module_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_real_pynvml_without_a_driver_is_an_inventory_error() -> None:
     """On this (GPU-less) test machine the real binding cannot load libnvidia-ml."""
-    pynvml = pytest.importorskip("pynvml")
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        pass
-    else:  # pragma: no cover - a machine with a driver
-        pynvml.nvmlShutdown()
-        pytest.skip("an NVIDIA driver is present")
+    skip_with_an_nvidia_driver()
     with pytest.raises(InventoryError, match="NVML could not be initialised"):
         NvmlBackend().read()

@@ -80,9 +80,10 @@ def test_a100x4_with_mig_enabled() -> None:
     assert "migDevices" not in detail[2]
 
 
-def test_all_gpus_in_mig_mode_advertise_no_whole_gpu() -> None:
+def mig_a100s(count: int) -> tuple[Gpu, ...]:
+    """``count`` A100s in MIG mode, one 7g.40gb instance each."""
     mig = (MigDevice(0, "MIG-1", "NVIDIA A100-SXM4-40GB MIG 7g.40gb", 40192),)
-    gpus = tuple(
+    return tuple(
         gpu(
             i,
             "NVIDIA A100-SXM4-40GB",
@@ -92,8 +93,12 @@ def test_all_gpus_in_mig_mode_advertise_no_whole_gpu() -> None:
             mig_enabled=True,
             mig_devices=mig,
         )
-        for i in range(4)
+        for i in range(count)
     )
+
+
+def test_all_gpus_in_mig_mode_advertise_no_whole_gpu() -> None:
+    gpus = mig_a100s(4)
     desired = desired_state(Inventory("535.161.08", "12.2", gpus))
     assert desired.capacity == {contract.RESOURCE_GPU: "0"}
     assert desired.labels[contract.LABEL_GPU_COUNT] == "4"
@@ -324,19 +329,7 @@ def test_labels_are_what_gfd_writes_for_the_same_gpus(fixture: str) -> None:
 
 
 def test_every_gpu_in_mig_mode_has_replicas_zero_as_gfd_writes() -> None:
-    mig = (MigDevice(0, "MIG-1", "NVIDIA A100-SXM4-40GB MIG 7g.40gb", 40192),)
-    gpus = tuple(
-        gpu(
-            i,
-            "NVIDIA A100-SXM4-40GB",
-            40960,
-            "8.0",
-            mig_capable=True,
-            mig_enabled=True,
-            mig_devices=mig,
-        )
-        for i in range(2)
-    )
+    gpus = mig_a100s(2)
     labels = desired_state(Inventory("550.54.15", "12.4", gpus)).labels
     assert labels[contract.LABEL_GPU_REPLICAS] == "0"
 
