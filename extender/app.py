@@ -277,6 +277,9 @@ class Endpoints:
                 **details,
                 "pod_error": req.pod.error,
                 "view_age_s": None if req.view.age is None else round(req.view.age, 1),
+                # bound pods the view holds (cluster mode): what a bench compares with
+                # the bindings the API server had made, to see the view's lag
+                "view_pods": req.view.pods,
                 "ms": round(elapsed * 1000, 3),
             },
         )

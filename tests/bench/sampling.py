@@ -104,6 +104,8 @@ class SampleResult:
     first_failure: float | None = None  # allocation share at the first failed GPU pod
     curve: list[tuple[float, float]] = field(default_factory=list)  # (arrived, allocated)
     fragmentation: tuple[float, float] | None = None  # (GPUs, share of free) at 90%
+    #: pod name -> GPU pods bound when it was submitted (the view-lag measure)
+    bound_before: dict[str, int] = field(default_factory=dict)
 
     def record(self, task: Task, node_model: str | None) -> None:
         if not task.gpus:

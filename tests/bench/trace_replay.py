@@ -85,6 +85,7 @@ from tests.bench.trace_reports import (  # noqa: E402
     repeat_row,
     replay_table,
     sample_table,
+    view_lag,
     write_docs,
 )
 from tests.bench.trace_runners import (  # noqa: E402
@@ -369,6 +370,7 @@ def run_samples(
     )
     results: list[SampleResult] = []
     calls: dict[str, list[tuple[str, float, int]]] = {}  # our variants' calls, all seeds
+    lags: dict[str, list[dict[str, float]]] = {}  # our variants' view lag, per seed
     with bare_stack("trace-sample-") as (stack, core):
         cluster = stack.cluster
         with ThreadPoolExecutor(8) as pool:
@@ -403,12 +405,16 @@ def run_samples(
                     results.append(result)
                     ours = None
                     if name == "gpu-scheduler":
-                        these = extender_calls(tail.read())
+                        lines = tail.read()
+                        these = extender_calls(lines)
                         calls.setdefault(label, []).extend(these)
                         ours = extender_call_stats(these)
+                        lag = view_lag(lines, result.bound_before)
+                        lags.setdefault(label, []).append(lag)
+                        ours["view lag"] = lag
                     print(sample_line(label, seed, result, ours, started), flush=True)
                     clear_pods(core, stack.extender_port)
-    report_samples(opts, names, nodes, len(tasks), len(apart), results, calls)
+    report_samples(opts, names, nodes, len(tasks), len(apart), results, calls, lags)
     return results
 
 
@@ -431,6 +437,12 @@ def sample_line(
         )
     line += f"{result.gpu_failed} failed, {time.monotonic() - started:.0f}s"
     for verb, v in (calls or {}).items():
+        if verb == "view lag":
+            line += (
+                f"; view behind the bindings on {v['share']:.1%} of prioritize calls "
+                f"(by {v['pods_behind_mean']:.1f} pods on average)"
+            )
+            continue
         line += (
             f"; {verb} p50 {v['p50_ms']:.2f} ms p99 {v['p99_ms']:.2f} ms "
             f"at {v['nodes_p50']:.0f} nodes"
@@ -446,19 +458,29 @@ def report_samples(
     apart: int,
     results: list[SampleResult],
     calls: dict[str, list[tuple[str, float, int]]],
+    lags: dict[str, list[dict[str, float]]],
 ) -> None:
-    """Sample mode's tables (median and range over the seeds; our extender's calls),
-    and its docs section and plot."""
+    """Sample mode's tables (median and range over the seeds; our extender's calls and
+    how often its view lagged the bindings), and its docs section and plot."""
     total_gpus = sum(n.gpus for n in nodes)
     runs: dict[str, list[SampleResult]] = {}
     for r in results:
         runs.setdefault(r.scheduler, []).append(r)
     table = sample_table(runs)
     latencies = latency_table({k: extender_call_stats(v) for k, v in calls.items()})
+    lag_lines = "\n".join(
+        f"- {label}: the view lagged the bindings on "
+        + ", ".join(f"{lag['share']:.1%}" for lag in per_seed)
+        + " of prioritize calls (per seed; "
+        + ", ".join(f"{lag['pods_behind_mean']:.1f}" for lag in per_seed)
+        + " pods behind on average when it did)"
+        for label, per_seed in lags.items()
+    )
     print()
     print(table)
     print()
     print(latencies)
+    print(lag_lines)
     if opts.write_docs:
         stem = Path(opts.pods).stem.replace("openb_pod_list_", "")
         variant = ("-variants" if opts.variants else "") + (
@@ -484,6 +506,7 @@ def report_samples(
             f"{time.strftime('%Y-%m-%d %H:%M')}. Median over the seeds [range].\n\n"
             f"{table}\n\n"
             + (f"Our extender's calls:\n\n{latencies}\n\n" if calls else "")
+            + (f"{lag_lines}\n\n" if lags else "")
             + f"![GPU allocation against GPUs arrived]({png.name})\n",
             f"sample-{stem}{variant}",
         )

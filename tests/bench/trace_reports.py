@@ -45,6 +45,37 @@ def extender_calls(lines: list[str]) -> list[tuple[str, float, int]]:
     return out
 
 
+def view_lag(lines: list[str], bound_before: dict[str, int]) -> dict[str, float]:
+    """How often our extender scored a pod before its view held the bindings the API
+    server had already made (issue 27). ``bound_before``: pod name -> GPU pods bound
+    when it was submitted (sample mode submits each after the previous one's outcome).
+    Per prioritize call: lagging when the view held fewer bound pods than that."""
+    import json
+
+    calls = lagging = missing = 0
+    for line in lines:
+        if not line.startswith("{"):
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        name = str(record.get("pod", "")).rpartition("/")[2]
+        if record.get("msg") != "prioritize" or name not in bound_before:
+            continue
+        calls += 1
+        behind = bound_before[name] - int(record.get("view_pods") or 0)
+        if behind > 0:
+            lagging += 1
+            missing += behind
+    return {
+        "calls": calls,
+        "lagging": lagging,
+        "share": lagging / calls if calls else 0.0,
+        "pods_behind_mean": missing / lagging if lagging else 0.0,
+    }
+
+
 def extender_call_stats(calls: list[tuple[str, float, int]]) -> dict[str, dict[str, float]]:
     """Per verb: calls, handler ms p50/p99, candidate nodes p50/min/max."""
     out: dict[str, dict[str, float]] = {}

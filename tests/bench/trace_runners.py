@@ -281,11 +281,14 @@ def run_sample(
         n.name: NodeState(n.model, n.gpus, n.cpu_milli, n.memory_mib) for n in nodes if n.gpus
     }
     started = time.monotonic()
+    bound = 0
     with scheduler_watched(cluster, core, name, config) as outcomes:
         for i, task in enumerate(t for t in tasks if t.gpus):
+            result.bound_before[task.name] = bound
             core.create_namespaced_pod(NAMESPACE, pod_manifest(task, scheduler, ours=ours))
             kind, detail, _ = outcomes.wait(task.name, 60)
             model = None
+            bound += kind == "bound"
             if kind == "bound" and detail in states:
                 states[detail].take(task)
                 model = states[detail].model

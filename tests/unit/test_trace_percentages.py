@@ -127,3 +127,23 @@ def test_log_tail_reads_what_was_appended(tmp_path):
     log.write_text("new\n")  # truncated and started again
     assert tail.read() == ["new"]
     assert _LogTail(tmp_path / "absent.log").read() == []
+
+
+def test_view_lag_counts_prioritize_calls_whose_view_missed_bindings():
+    import json
+
+    from tests.bench.trace_reports import view_lag
+
+    def line(msg, pod, view_pods):
+        return json.dumps({"msg": msg, "pod": f"default/{pod}", "view_pods": view_pods})
+
+    lines = [
+        line("filter", "a", 0),
+        line("prioritize", "a", 0),  # nothing bound yet: not behind
+        line("prioritize", "b", 0),  # a was bound: one behind
+        line("prioritize", "c", 2),
+        line("prioritize", "x", 0),  # not this run's pod
+        "not json",
+    ]
+    lag = view_lag(lines, {"a": 0, "b": 1, "c": 2})
+    assert lag == {"calls": 3, "lagging": 1, "share": 1 / 3, "pods_behind_mean": 1.0}
