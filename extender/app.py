@@ -74,12 +74,26 @@ class Decider:
         self.cache = cache
         self.explainer = explainer
         self.policies: list[Policy] = build_policies(cfg)
+        # The last pod's facts: kube-scheduler sends the same Pod to filter and then
+        # to prioritize. Reused only for an equal object (a comparison in C).
+        self._last_pod: tuple[Any, PodFacts] = ({}, pod_facts({}, cfg.default_placement))
+
+    def pod(self, obj: Any) -> PodFacts:
+        last, facts = self._last_pod
+        try:
+            same = obj == last
+        except RecursionError:  # two equal objects nested past the interpreter's limit
+            same = False
+        if not same:
+            facts = pod_facts(obj, self.cfg.default_placement)
+            self._last_pod = (obj, facts)
+        return facts
 
     def parse(self, payload: Any) -> _Request:
         # In cluster mode a name the view knows is a node name: only the others are
         # checked (wire.parse_args's check_names).
         args = wire.parse_args(payload, check_names=self.cache is None)
-        pod = pod_facts(args.pod, self.cfg.default_placement)
+        pod = self.pod(args.pod)
         view = self.cache.view() if self.cache is not None else args_view()
         if args.nodes is not None:
             facts = [node_facts(node, self.cfg.group_levels) for node in args.nodes]

@@ -45,6 +45,21 @@ class _State:
 class FragmentationPolicy(Policy):
     name: ClassVar[str] = "fragmentation"
 
+    def __init__(self) -> None:
+        # The last mix's evaluator: a view keeps its mix until a pod comes or goes,
+        # and every call on that view (filter, then prioritize, for pod after pod
+        # while nothing binds) needs the same one. The model codes are append-only,
+        # so their count is part of the key.
+        self._last: tuple[tuple[MixEntry, ...], Codes, int, _Fragmentation] | None = None
+
+    def _evaluator(self, mix: tuple[MixEntry, ...], models: Codes) -> _Fragmentation:
+        last = self._last
+        if last and last[0] is mix and last[1] is models and last[2] == len(models.values):
+            return last[3]
+        made = _Fragmentation(mix, models)
+        self._last = (mix, models, len(models.values), made)
+        return made
+
     def pre_score(self, pod: PodFacts, view: ClusterView) -> _State | None:
         if pod.gpus == 0 or not view.knows_usage or not view.mix:
             return None
@@ -53,7 +68,7 @@ class FragmentationPolicy(Policy):
     def score_all(self, state: _State, nodes: Candidates, view: ClusterView) -> np.ndarray:
         cols = nodes.cols
         free, cpu, ram, model = cols[FREE], cols[CPU], cols[RAM], cols[MODEL]
-        fragmented = _Fragmentation(state.mix, nodes.models)
+        fragmented = self._evaluator(state.mix, nodes.models)
         return fragmented(
             (free, cpu, ram, model),
             (free - state.gpus, cpu - bound(state.cpu_milli), ram - bound(state.ram_mib), model),

@@ -3,8 +3,10 @@ extender's per-call figures from its log, and the section written into docs/BENC
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,12 +29,8 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def extender_calls(lines: list[str]) -> list[tuple[str, float, int]]:
-    """(verb, handler ms, candidate nodes) of each filter/prioritize call in our
-    extender's JSON log lines (its access line per verb: msg, ms, nodes)."""
-    import json
-
-    out = []
+def _json_records(lines: list[str]) -> Iterator[dict]:
+    """The JSON objects among a server's log lines (its JSON log; others skipped)."""
     for line in lines:
         if not line.startswith("{"):
             continue
@@ -40,6 +38,15 @@ def extender_calls(lines: list[str]) -> list[tuple[str, float, int]]:
             record = json.loads(line)
         except ValueError:
             continue
+        if isinstance(record, dict):
+            yield record
+
+
+def extender_calls(lines: list[str]) -> list[tuple[str, float, int]]:
+    """(verb, handler ms, candidate nodes) of each filter/prioritize call in our
+    extender's JSON log lines (its access line per verb: msg, ms, nodes)."""
+    out = []
+    for record in _json_records(lines):
         if record.get("msg") in ("filter", "prioritize") and "ms" in record:
             out.append((record["msg"], float(record["ms"]), int(record["nodes"])))
     return out
@@ -50,16 +57,8 @@ def view_lag(lines: list[str], bound_before: dict[str, int]) -> dict[str, float]
     server had already made (issue 27). ``bound_before``: pod name -> GPU pods bound
     when it was submitted (sample mode submits each after the previous one's outcome).
     Per prioritize call: lagging when the view held fewer bound pods than that."""
-    import json
-
     calls = lagging = missing = 0
-    for line in lines:
-        if not line.startswith("{"):
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+    for record in _json_records(lines):
         name = str(record.get("pod", "")).rpartition("/")[2]
         if record.get("msg") != "prioritize" or name not in bound_before:
             continue

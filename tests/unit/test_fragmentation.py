@@ -155,3 +155,30 @@ def test_the_registry_and_the_default_weights_include_it():
 
     assert "fragmentation" in REGISTRY
     assert DEFAULT_WEIGHTS.get("fragmentation", 0) > 0
+
+
+def test_one_policy_scoring_call_after_call_matches_a_fresh_one_as_models_are_added():
+    """The evaluator is kept for the view's mix and model codes; a new product in the
+    (append-only) codes, or a new mix, must not be scored with the old one."""
+    from extender.columns import Codes
+
+    restricted = TaskShape(1, 4000, 8192, ("G3",))
+    mix = tuple(workload_mix({ANY_1: 5, restricted: 5}))
+    kept = FragmentationPolicy()
+    models = Codes()
+    models.code("G2")
+    g2 = [node("a", model="G2"), node("b", gpus=4, model="G2")]
+    with_g3 = [*g2, node("c", model="G3")]
+    for nodes in (g2, with_g3, with_g3):
+        v = view(nodes, used={"a": 7}, mix=mix)
+        batch = candidates_of([n.name for n in nodes], nodes, v)
+        for n in nodes:  # one Codes across calls, as a cache's table keeps it
+            models.code(n.model)
+        batch.models = models
+        state = kept.pre_score(pod(), v)
+        assert kept.score_all(state, batch, v).tolist() == scores(nodes, v)
+    other = tuple(workload_mix({ANY_8: 1}))
+    v = view(g2, used={"a": 7}, mix=other)
+    batch = candidates_of(["a", "b"], g2, v)
+    batch.models = models
+    assert kept.score_all(kept.pre_score(pod(), v), batch, v).tolist() == scores(g2, v)

@@ -52,3 +52,17 @@ def test_clip():
     assert clip_text("x" * 2000, 10) == "x" * 10 + "... (truncated of 2000 characters)"
     assert clip({"k": "v" * 5000}).endswith("(truncated)")
     assert clip(b"bytes") == "<5 bytes>"
+
+
+def test_every_line_is_ascii_json_whatever_its_text():
+    """Lines are written by orjson when they can be; a line with text orjson does not
+    write (a lone surrogate) or would write as UTF-8 is escaped to ASCII instead."""
+    for value in ("plain", "gpu-ñode-é", "\ud800 lone", "tab\tand\nnewline", 'q"uote\\'):
+        record = logging.LogRecord("extender", logging.INFO, __file__, 1, "m", (), None)
+        record.pod = value
+        text = JsonFormatter().format(record)
+        assert text.isascii() and "\n" not in text
+        assert json.loads(text)["pod"] == value
+    out = line(ms=float("nan"), big=2**64 - 1, neg=-(2**63))
+    assert out["big"] == 2**64 - 1 and out["neg"] == -(2**63)
+    assert out["ms"] is None or out["ms"] != out["ms"]  # orjson: null; never a crash
