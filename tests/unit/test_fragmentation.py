@@ -182,3 +182,34 @@ def test_one_policy_scoring_call_after_call_matches_a_fresh_one_as_models_are_ad
     batch = candidates_of(["a", "b"], g2, v)
     batch.models = models
     assert kept.score_all(kept.pre_score(pod(), v), batch, v).tolist() == scores(g2, v)
+
+
+@pytest.mark.parametrize("span", [1, 144, 5000, (1 << 20) + 5])
+def test_distinct_states_by_flags_or_by_sort_give_back_every_key(span):
+    import numpy as np
+
+    from extender.policies.fragmentation import DENSE_KEYS, _distinct
+
+    key = np.random.default_rng(span).integers(0, span, 10_000)
+    first, inverse = _distinct(key)
+    assert (key[first][inverse] == key).all()
+    assert len(first) == len(np.unique(key)) == len(set(key[first].tolist()))
+    assert (span > DENSE_KEYS) == (int(key.max()) + 1 > DENSE_KEYS)
+
+
+def test_large_calls_evaluate_distinct_states_once_and_score_as_small_ones(monkeypatch):
+    """Above DIRECT (state, shape) pairs the states are made distinct first: the
+    scores must be those of evaluating every node."""
+    from extender.policies import fragmentation
+
+    mix = tuple(workload_mix({ANY_1: 5, ANY_8: 3, TaskShape(2, 8000, 16384, ("G3",)): 2}))
+    nodes = [
+        node(f"n{i}", gpus=(8, 4, 2)[i % 3], model=("G2", "G3")[i % 2], cpu=16000 * (1 + i % 6))
+        for i in range(300)
+    ]
+    v = view(nodes, used={f"n{i}": i % 5 for i in range(300)}, mix=mix)
+    small = scores(nodes, v, pod(gpus=2))
+    monkeypatch.setattr(fragmentation, "DIRECT", 0)  # every call takes the distinct path
+    assert scores(nodes, v, pod(gpus=2)) == small
+    monkeypatch.setattr(fragmentation, "DENSE_KEYS", 0)  # and by sorting
+    assert scores(nodes, v, pod(gpus=2)) == small
