@@ -286,7 +286,9 @@ def test_a_gang_member_naming_a_missing_podgroup_says_why_it_waits(
 
 
 def test_a_gang_larger_than_the_cluster_says_so(stack, namespace, upstream_gangs):
-    """Bad input: minCount 3 of 8-GPU pods where the case has two 8-GPU nodes."""
+    """Bad input: minCount 3 of 8-GPU pods where the case has two 8-GPU nodes. When a
+    third node joins (an autoscaler's answer), the whole gang is placed: the refusal
+    is not final."""
     case = unique("toobig")
     nodes(stack, case, 2)
     group = unique("big")
@@ -300,6 +302,12 @@ def test_a_gang_larger_than_the_cluster_says_so(stack, namespace, upstream_gangs
     story = pod_story(stack.api, namespace, "m0")
     assert f"a member of PodGroup {namespace}/{group} (minCount 3, 3 pod(s)" in story, story
     assert placed(core(stack).list_namespaced_pod(namespace).items) == 0
+    nodes(stack, case, 1)
+    wait_for(
+        "the whole gang placed once a third node joins",
+        lambda: placed(core(stack).list_namespaced_pod(namespace).items) == 3,
+        timeout=60,
+    )
 
 
 # --- Kueue -------------------------------------------------------------------------------
