@@ -76,17 +76,18 @@ class Decider:
         self.policies: list[Policy] = build_policies(cfg)
         # The last pod's facts: kube-scheduler sends the same Pod to filter and then
         # to prioritize. Reused only for an equal object (a comparison in C).
-        self._last_pod: tuple[Any, PodFacts] = ({}, pod_facts({}, cfg.default_placement))
+        self._last_pod: tuple[Any, PodFacts] | None = None
 
     def pod(self, obj: Any) -> PodFacts:
-        last, facts = self._last_pod
+        last = self._last_pod
         try:
-            same = obj == last
+            same = last is not None and obj == last[0]
         except RecursionError:  # two equal objects nested past the interpreter's limit
             same = False
-        if not same:
-            facts = pod_facts(obj, self.cfg.default_placement)
-            self._last_pod = (obj, facts)
+        if same and last is not None:
+            return last[1]
+        facts = pod_facts(obj, self.cfg.default_placement)
+        self._last_pod = (obj, facts)
         return facts
 
     def parse(self, payload: Any) -> _Request:
