@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,13 +131,19 @@ def fill_table(results: list[FillResult]) -> str:
         [f"{r.gpu_pods - r.gpu_failed} / {r.gpu_pods}" for r in results],
     )
     row("fragmentation failures", [str(r.fragmentation_failures) for r in results])
+    _closing_rows(row, results)
+    return "\n".join(rows)
+
+
+def _closing_rows(row: Callable[[str, list[str]], None], results: Sequence[Any]) -> None:
+    """The rows the fill and replay tables end with: failures by size, constraint
+    violations, tasks set apart."""
     row(
         "failed GPU pods by size (1/2/4/8)",
         ["/".join(str(r.failed_by_size.get(s, 0)) for s in (1, 2, 4, 8)) for r in results],
     )
     row("model-constraint violations", [str(r.constraint_violations) for r in results])
     row("tasks set apart as infeasible", [str(r.infeasible) for r in results])
-    return "\n".join(rows)
 
 
 def repeat_row(runs: dict[str, list[FillResult]]) -> str:
@@ -203,12 +210,7 @@ def replay_table(results: list[ReplayResult], arrival_end: float) -> str:
     row("GPU pods placed / submitted", [f"{r.gpu_placed} / {r.gpu_pods}" for r in results])
     row("pending s, 1-GPU pods (p50 / p99)", [waits(r, (1,)) for r in results])
     row("pending s, 2-8-GPU pods (p50 / p99)", [waits(r, (2, 4, 8)) for r in results])
-    row(
-        "failed GPU pods by size (1/2/4/8)",
-        ["/".join(str(r.failed_by_size.get(s, 0)) for s in (1, 2, 4, 8)) for r in results],
-    )
-    row("model-constraint violations", [str(r.constraint_violations) for r in results])
-    row("tasks set apart as infeasible", [str(r.infeasible) for r in results])
+    _closing_rows(row, results)
     return "\n".join(rows)
 
 

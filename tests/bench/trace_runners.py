@@ -215,6 +215,22 @@ def scheduler_watched(
         cluster.stop_process(proc.name)
 
 
+def submit(
+    core: Any, outcomes: Outcomes, task: Task, scheduler: str, *, ours: bool
+) -> tuple[str, Any, tuple[float, float]]:
+    """One task's pod created and waited for (bound or unschedulable, 60 s at most); a
+    pod that was not bound is deleted, so it leaves nothing behind. Returns the outcome,
+    its detail (the node, when bound) and (create seconds, create-to-outcome seconds)."""
+    t0 = time.monotonic()
+    core.create_namespaced_pod(NAMESPACE, pod_manifest(task, scheduler, ours=ours))
+    t1 = time.monotonic()
+    kind, detail, _ = outcomes.wait(task.name, 60)
+    timing = (t1 - t0, time.monotonic() - t1)
+    if kind != "bound":
+        core.delete_namespaced_pod(task.name, NAMESPACE, grace_period_seconds=0)
+    return kind, detail, timing
+
+
 def run_fill(
     cluster: LocalCluster,
     core: Any,
@@ -231,15 +247,10 @@ def run_fill(
     started = time.monotonic()
     with scheduler_watched(cluster, core, name, config) as outcomes:
         for i, task in enumerate(tasks):
-            t0 = time.monotonic()
-            core.create_namespaced_pod(
-                NAMESPACE, pod_manifest(task, scheduler, ours=name == "gpu-scheduler")
+            kind, detail, timing = submit(
+                core, outcomes, task, scheduler, ours=name == "gpu-scheduler"
             )
-            t1 = time.monotonic()
-            kind, detail, _ = outcomes.wait(task.name, 60)
-            timings.append((t1 - t0, time.monotonic() - t1))
-            if kind != "bound":
-                core.delete_namespaced_pod(task.name, NAMESPACE, grace_period_seconds=0)
+            timings.append(timing)
             result.record(task, model_of.get(detail) if kind == "bound" else None)
             if task.gpus:
                 placed.append(kind == "bound")
@@ -285,15 +296,12 @@ def run_sample(
     with scheduler_watched(cluster, core, name, config) as outcomes:
         for i, task in enumerate(t for t in tasks if t.gpus):
             result.bound_before[task.name] = bound
-            core.create_namespaced_pod(NAMESPACE, pod_manifest(task, scheduler, ours=ours))
-            kind, detail, _ = outcomes.wait(task.name, 60)
+            kind, detail, _ = submit(core, outcomes, task, scheduler, ours=ours)
             model = None
             bound += kind == "bound"
             if kind == "bound" and detail in states:
                 states[detail].take(task)
                 model = states[detail].model
-            elif kind != "bound":
-                core.delete_namespaced_pod(task.name, NAMESPACE, grace_period_seconds=0)
             result.record(task, model)
             if result.fragmentation is None and result.arrived >= FRAGMENTATION_AT * total:
                 result.fragmentation = fragmentation(states.values(), classes)
