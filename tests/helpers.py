@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -80,3 +80,12 @@ def skip_with_an_nvidia_driver() -> Any:
         return pynvml
     pynvml.nvmlShutdown()  # pragma: no cover - a machine with a driver
     pytest.skip("an NVIDIA driver is present")  # pragma: no cover
+
+
+def required(what: str, how: str) -> NoReturn:
+    """A prerequisite is missing: skip the test here, fail it in CI (``CI`` set), where
+    a skip would hide that the test never ran. ``what``: what CI must run; ``how``: how
+    to get what is missing."""
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must run {what}, but {how}", pytrace=False)
+    pytest.skip(how)

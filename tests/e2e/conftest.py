@@ -14,6 +14,7 @@ import shutil
 import pytest
 
 from lab.controlplane import find_binary
+from tests.helpers import required
 
 HOW_TO_GET_IT = (
     "the e2e tests need the control-plane binary: install Go 1.26+ and run "
@@ -32,9 +33,7 @@ def control_plane_binary():
     """The control-plane binary; without it the e2e tests skip (CI: fail)."""
     binary = find_binary()
     if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the e2e tests, but {HOW_TO_GET_IT}", pytrace=False)
-        pytest.skip(HOW_TO_GET_IT)
+        required("the e2e tests", HOW_TO_GET_IT)
     return binary
 
 

@@ -34,6 +34,7 @@ from tests.e2e.kube import (
     pod_manifest,
     unique,
 )
+from tests.helpers import required
 
 EXAMPLES = ROOT / "docs" / "examples" / "gangs"
 H100 = ("NVIDIA-H100-80GB-HBM3", 81559)
@@ -318,9 +319,7 @@ def kueue(stack, tmp_path_factory):
     from lab.kueue import HOW_TO_GET_IT, kueue_binary, start_kueue
 
     if kueue_binary() is None:
-        if __import__("os").environ.get("CI"):
-            pytest.fail(f"CI must run the Kueue e2e tests, but {HOW_TO_GET_IT}", pytrace=False)
-        pytest.skip(HOW_TO_GET_IT)
+        required("the Kueue e2e tests", HOW_TO_GET_IT)
     running = start_kueue(stack.cluster, tmp_path_factory.mktemp("kueue"))
     yield running
     running.stop()

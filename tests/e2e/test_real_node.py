@@ -37,7 +37,7 @@ from lab.controlplane import ROOT, start_control_plane
 from lab.stack import NAMESPACE, Stack
 from tests.e2e.kube import ensure_namespace, install_certs, read_lease, unique
 from tests.e2e.test_agent_daemonset import h100_inventory
-from tests.helpers import wait_for
+from tests.helpers import required, wait_for
 
 NODE = "gpu-real-0"
 #: The longest a fresh install may refuse GPU pods once its certificates exist.
@@ -50,9 +50,7 @@ FAKE_GPUS = "/etc/gpu-scheduler-lab/gpus.yaml"
 def real(tmp_path_factory, control_plane_binary):
     reason = realnode.missing()
     if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the real node, but {reason}", pytrace=False)
-        pytest.skip(reason)
+        required("the real node", reason)
     work = tmp_path_factory.mktemp("realnode")
     cluster = start_control_plane(work / "cluster", real_node=True)
     stack = Stack(cluster, work)

@@ -35,7 +35,7 @@ from tests.e2e.kube import (
     wait_bound,
 )
 from tests.e2e.scenarios import GPU_TAINT, create_gpu_device_class, publish_slice
-from tests.helpers import wait_for
+from tests.helpers import required, wait_for
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gpus"
 OLDEST = supported_minors()[0]
@@ -47,9 +47,7 @@ def oldest_binary() -> Path:
     binary = find_binary(OLDEST)
     if binary is None:
         how = f"`make controlplane-{OLDEST}` (or `make test`, which builds it)"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the {OLDEST} smoke test; build it: {how}", pytrace=False)
-        pytest.skip(f"no {OLDEST} control plane: {how}")
+        required(f"the {OLDEST} smoke test", f"there is no {OLDEST} control plane: {how}")
     return binary
 
 

@@ -107,3 +107,18 @@ def test_the_size_rule_finds_a_long_function_and_a_long_file(tmp_path):
     assert any("long.py:1 f(): 82 lines" in line for line in found), found
     assert any("long.py: 482 lines" in line for line in found), found
     assert sizes.offenders() == []
+
+
+def test_a_missing_prerequisite_skips_here_and_fails_in_ci(monkeypatch):
+    """What CI must run never passes there as a skip (the trace tests, Kueue, the real
+    node, the control planes: tests.helpers.required)."""
+    import pytest
+
+    from tests.helpers import required
+
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="get it so"):
+        required("the trace tests", "get it so")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI must run the trace tests, but get it so"):
+        required("the trace tests", "get it so")
