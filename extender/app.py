@@ -105,9 +105,14 @@ class Decider:
                 "nodeCacheCapable: false in the scheduler's extender config, or run "
                 "the extender with --node-source cluster"
             )
-        batch = view.candidates(args.names)
-        if batch.where is not None:  # some are not known: are they node names at all?
+        try:
+            batch = view.candidates(args.names)
+        except TypeError:  # an element that cannot even be hashed is no node name
             wire.check_node_names(args.names)
+            raise
+        if not batch.distinct:  # some are not known, or one repeats: check them all
+            wire.check_node_names(args.names)
+            wire.check_distinct(args.names)
         return _Request(args, pod, batch, view)
 
     def filter(self, req: _Request) -> tuple[bytes, dict[str, Any]]:
@@ -153,7 +158,6 @@ class Decider:
         array = score_array(
             req.pod, req.nodes, req.view, self.policies, self.cfg, parts, req.args.names
         )
-        scores = array.tolist()
         if explain and self.explainer is not None and uid is not None and parts is not None:
             self.explainer.remember(
                 decision(
@@ -169,11 +173,11 @@ class Decider:
                     note=self._group_note(req),
                 )
             )
-        best = int(array.argmax()) if len(scores) else None
-        body = wire.host_priorities_json(req.args.names, scores)
+        best = int(array.argmax()) if len(array) else None
+        body = wire.host_priorities_json(req.args.names, array)
         return body, {
             "best": req.args.names[best] if best is not None else None,
-            "top": scores[best] if best is not None else None,
+            "top": int(array[best]) if best is not None else None,
         }
 
     def _group_note(self, req: _Request) -> Callable[[int], str | None] | None:

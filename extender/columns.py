@@ -148,18 +148,25 @@ class TableSnapshot:
         self.slots = slots
         self.models = models
         self.zones = zones
-        self._last: tuple[Sequence[str], np.ndarray] = ((), np.zeros(0, np.intp))
+        self._last: tuple[Sequence[str], np.ndarray, bool] = ((), np.zeros(0, np.intp), True)
 
-    def lookup(self, names: Sequence[str]) -> np.ndarray:
-        """The slot of each name (0: not known). kube-scheduler asks prioritize about
-        the names filter passed, in the same order: the last answer is kept, and a
-        list equal to the last one (compared in C) costs no lookup."""
-        last_names, last_slots = self._last
+    def lookup(self, names: Sequence[str]) -> tuple[np.ndarray, bool]:
+        """The slot of each name (0: not known), and whether the names are known to be
+        distinct: all known, and no slot twice (False where some are unknown, or one
+        repeats). kube-scheduler asks prioritize about the names filter passed, in the
+        same order: the last answer is kept, and a list equal to the last one
+        (compared in C) costs no lookup."""
+        last_names, last_slots, last_distinct = self._last
         if names == last_names:
-            return last_slots
+            return last_slots, last_distinct
         slots = np.fromiter(_slots(self.slots, names), np.intp, len(names))
-        self._last = (names, slots)
-        return slots
+        distinct = bool(slots.all())
+        if distinct and len(slots) > 1:  # no slot twice: counted in flags, no sort
+            seen = np.zeros(len(self.beats), dtype=bool)
+            seen[slots] = True
+            distinct = int(np.count_nonzero(seen)) == len(slots)
+        self._last = (names, slots, distinct)
+        return slots, distinct
 
 
 class NodeTable:
@@ -226,7 +233,17 @@ class Candidates:
     """One call's candidates: the names in order, and the rows of those the view
     knows and can read (*known*; the policies see only these, by position)."""
 
-    __slots__ = ("_facts", "beats", "cols", "count", "models", "names", "where", "zones")
+    __slots__ = (
+        "_facts",
+        "beats",
+        "cols",
+        "count",
+        "distinct",
+        "models",
+        "names",
+        "where",
+        "zones",
+    )
 
     def __init__(
         self,
@@ -237,9 +254,12 @@ class Candidates:
         models: Codes,
         zones: Codes,
         facts: Any,
+        distinct: bool = True,
     ) -> None:
         self.names = names
         self.count = len(names)
+        #: The names are known to be distinct (False: the caller must check them).
+        self.distinct = distinct
         #: Positions among ``names`` of the known candidates; None: all are known.
         self.where = where
         #: ``cols[c]``: column ``c`` over the known candidates.
@@ -277,7 +297,7 @@ class Candidates:
     @classmethod
     def from_view(cls, names: Sequence[str], table: TableSnapshot, nodes: Mapping[str, NodeFacts]):
         """From a view's table: one lookup per name, then one gather per call."""
-        slots = table.lookup(names)
+        slots, distinct = table.lookup(names)
         cols = table.cols.take(slots, axis=1)
         beats = table.beats.take(slots)
         where = None
@@ -286,7 +306,8 @@ class Candidates:
             where = np.flatnonzero(ok)
             cols, beats = cols.take(where, axis=1), beats.take(where)
         get = nodes.get
-        return cls(names, where, cols, beats, table.models, table.zones, lambda i: get(names[i]))
+        facts = lambda i: get(names[i])  # noqa: E731
+        return cls(names, where, cols, beats, table.models, table.zones, facts, distinct)
 
     @classmethod
     def from_facts(

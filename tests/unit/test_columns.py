@@ -75,10 +75,14 @@ def test_the_last_lookup_is_kept_for_an_equal_list_of_names():
     for name in ("a", "b", "c"):
         put(table, facts(name))
     snap = table.snapshot()
-    first = snap.lookup(["c", "a", "x"])
+    first, distinct = snap.lookup(["c", "a", "x"])
     assert first.tolist() == [snap.slots["c"], snap.slots["a"], 0]
-    assert snap.lookup(["c", "a", "x"]) is first  # equal, not the same list
-    assert snap.lookup(["a", "c"]).tolist() == [snap.slots["a"], snap.slots["c"]]
+    assert not distinct  # "x" is not known: the caller checks the names itself
+    assert snap.lookup(["c", "a", "x"])[0] is first  # equal, not the same list
+    slots, distinct = snap.lookup(["a", "c"])
+    assert slots.tolist() == [snap.slots["a"], snap.slots["c"]] and distinct
+    assert snap.lookup(["a", "c", "a"])[1] is False  # a known name twice
+    assert snap.lookup(["b"])[1] is True and snap.lookup([])[1] is True
 
 
 def test_candidates_from_facts_are_the_same_rows():
