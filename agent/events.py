@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from agent import metrics
@@ -38,30 +39,20 @@ TIMEOUT = 10  # NVML_ERROR_TIMEOUT
 WAIT_MS = 5000
 
 
+@dataclass(eq=False)
 class NvmlEvents:
-    def __init__(
-        self,
-        nvml: Any,
-        tracker: HealthTracker,
-        wake: threading.Event,
-        stop: threading.Event,
-        *,
-        wall: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
-        wait_ms: int = WAIT_MS,
-        backoff_s: tuple[float, float] = (2.0, 300.0),
-    ) -> None:
-        self.nvml = nvml
-        self.tracker = tracker
-        self.wake = wake
-        self.stop = stop
-        self.wall = wall
-        self.monotonic = monotonic
-        self.wait_ms = wait_ms
-        self.backoff_s = backoff_s
-        #: GPUs registered in the current session (None: no session yet).
-        self.registered: int | None = None
-        self._thread: threading.Thread | None = None
+    nvml: Any
+    tracker: HealthTracker
+    wake: threading.Event
+    stop: threading.Event
+    _: KW_ONLY
+    wall: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
+    wait_ms: int = WAIT_MS
+    backoff_s: tuple[float, float] = (2.0, 300.0)
+    #: GPUs registered in the current session (None: no session yet).
+    registered: int | None = field(default=None, init=False)
+    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
 
     def start(self) -> NvmlEvents:
         self._thread = threading.Thread(target=self.run, name="nvml-events", daemon=True)

@@ -22,7 +22,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import IO
 
@@ -74,25 +74,18 @@ def backoff_delay(failures: int, base: float, cap: float, jitter: float = 1.0) -
     return min(cap, base * 2 ** min(failures - 1, 30)) * jitter
 
 
+@dataclass(eq=False)
 class Agent:
-    def __init__(
-        self,
-        config: AgentConfig,
-        backend: Backend,
-        api: NodeApi | None,
-        *,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        monotonic: Callable[[], float] = time.monotonic,
-        stop: threading.Event | None = None,
-        jitter: Callable[[], float] = lambda: random.uniform(0.8, 1.2),
-    ) -> None:
-        self.config = config
-        self.backend = backend
-        self.api = api
-        self.clock = clock
-        self.monotonic = monotonic
-        self.stop = stop or threading.Event()
-        self.jitter = jitter
+    config: AgentConfig
+    backend: Backend
+    api: NodeApi | None
+    _: KW_ONLY
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    monotonic: Callable[[], float] = time.monotonic
+    stop: threading.Event = field(default_factory=threading.Event)
+    jitter: Callable[[], float] = lambda: random.uniform(0.8, 1.2)
+
+    def __post_init__(self) -> None:
         self._ready = (False, "no sync yet")
         self._lock = threading.Lock()
         self._ownership: Ownership | None = None
@@ -100,10 +93,11 @@ class Agent:
         # What the last sync brought the Node to, and when (monotonic); the last renewal.
         self._synced: tuple[Desired, float] | None = None
         self._renewed: float | None = None
+        config = self.config
         self.health = HealthTracker(config.xid_policy, config.recovery_quiet_s, config.recover)
         # The last good read of the GPUs (monotonic; the start counts as one), and
         # whether the last read failed (a good one after it: the driver came back).
-        self._good_read = monotonic()
+        self._good_read = self.monotonic()
         self._read_failed = False
         #: Set by the NVML event loop when an event marked a GPU (and on stop): the
         #: loop then runs its next round at once instead of after the interval.
