@@ -17,10 +17,10 @@ methods of the policies, which word the reasons, still read :class:`NodeFacts`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from itertools import repeat
 from operator import itemgetter
-from typing import Any
 
 import numpy as np
 
@@ -128,27 +128,20 @@ def _slots(slots: Mapping[str, int], names: Sequence[str]) -> Iterable[int]:
     return map(slots.get, names, repeat(0))
 
 
+@dataclass(slots=True, eq=False)
 class TableSnapshot:
     """An immutable copy of the table for one view: the rows (one per column,
     ``cols[c, slot]``), each node's heartbeat (NaN: none), and name -> slot. Slot 0
     is a row of zeros that stands for an unknown node."""
 
-    __slots__ = ("_last", "beats", "cols", "models", "slots", "zones")
-
-    def __init__(
-        self,
-        cols: np.ndarray,
-        beats: np.ndarray,
-        slots: Mapping[str, int],
-        models: Codes,
-        zones: Codes,
-    ) -> None:
-        self.cols = cols
-        self.beats = beats
-        self.slots = slots
-        self.models = models
-        self.zones = zones
-        self._last: tuple[Sequence[str], np.ndarray, bool] = ((), np.zeros(0, np.intp), True)
+    cols: np.ndarray
+    beats: np.ndarray
+    slots: Mapping[str, int]
+    models: Codes
+    zones: Codes
+    _last: tuple[Sequence[str], np.ndarray, bool] = field(
+        init=False, repr=False, default_factory=lambda: ((), np.zeros(0, np.intp), True)
+    )
 
     def lookup(self, names: Sequence[str]) -> tuple[np.ndarray, bool]:
         """The slot of each name (0: not known), and whether the names are known to be
@@ -229,45 +222,25 @@ class NodeTable:
         )
 
 
+@dataclass(slots=True, eq=False)
 class Candidates:
     """One call's candidates: the names in order, and the rows of those the view
     knows and can read (*known*; the policies see only these, by position)."""
 
-    __slots__ = (
-        "_facts",
-        "beats",
-        "cols",
-        "count",
-        "distinct",
-        "models",
-        "names",
-        "where",
-        "zones",
-    )
-
-    def __init__(
-        self,
-        names: Sequence[str],
-        where: np.ndarray | None,
-        cols: np.ndarray,
-        beats: np.ndarray,
-        models: Codes,
-        zones: Codes,
-        facts: Any,
-        distinct: bool = True,
-    ) -> None:
-        self.names = names
-        self.count = len(names)
-        #: The names are known to be distinct (False: the caller must check them).
-        self.distinct = distinct
-        #: Positions among ``names`` of the known candidates; None: all are known.
-        self.where = where
-        #: ``cols[c]``: column ``c`` over the known candidates.
-        self.cols = cols
-        self.beats = beats
-        self.models = models
-        self.zones = zones
-        self._facts = facts
+    names: Sequence[str]
+    #: ``len(names)``.
+    count: int
+    #: Positions among ``names`` of the known candidates; None: all are known.
+    where: np.ndarray | None
+    #: ``cols[c]``: column ``c`` over the known candidates.
+    cols: np.ndarray
+    beats: np.ndarray
+    models: Codes
+    zones: Codes
+    #: Candidate ``i``'s facts, by its position among ``names``.
+    _facts: Callable[[int], NodeFacts | None] = field(repr=False)
+    #: The names are known to be distinct (False: the caller must check them).
+    distinct: bool = True
 
     @property
     def known(self) -> int:
@@ -306,8 +279,17 @@ class Candidates:
             where = np.flatnonzero(ok)
             cols, beats = cols.take(where, axis=1), beats.take(where)
         get = nodes.get
-        facts = lambda i: get(names[i])  # noqa: E731
-        return cls(names, where, cols, beats, table.models, table.zones, facts, distinct)
+        return cls(
+            names,
+            len(names),
+            where,
+            cols,
+            beats,
+            table.models,
+            table.zones,
+            lambda i: get(names[i]),
+            distinct,
+        )
 
     @classmethod
     def from_facts(
@@ -334,6 +316,7 @@ class Candidates:
         all_known = len(where) == len(names)
         return cls(
             names,
+            len(names),
             None if all_known else np.array(where, dtype=np.intp),
             np.ascontiguousarray(cols),
             np.array(beats, dtype=np.float64),
