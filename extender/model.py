@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from gpu_scheduler import contract, podspec
@@ -37,6 +37,7 @@ MAX_GPUS = 1 << 20
 MIG_PART = "-MIG-"
 
 
+@dataclass(slots=True)
 class NodeFacts:
     """What the extender knows about one node.
 
@@ -48,78 +49,45 @@ class NodeFacts:
     (or MIG slice's) memory, divided by the replicas when the GPU is shared.
     """
 
-    __slots__ = (
-        "allocatable",
-        "capacity_type",
-        "cpu_milli",
-        "domains",
-        "dra",
-        "error",
-        "health",
-        "heartbeat",
-        "labelled_gpu",
-        "managed",
-        "memory_mib",
-        "model",
-        "name",
-        "product",
-        "ram_mib",
-        "replicas",
-        "zone",
-    )
+    name: str
+    allocatable: int = 0
+    _: KW_ONLY
+    labelled_gpu: bool = False
+    memory_mib: int | None = None
+    product: str | None = None
+    #: ``product`` without ``-SHARED``, interned (None: no product).
+    model: str | None = field(init=False)
+    capacity_type: str | None = None
+    zone: str | None = None
+    heartbeat: float | None = None
+    #: GFD's gpu.replicas: > 1 when the device plugin time-slices or MPS-shares.
+    replicas: int = 1
+    #: True when the GPUs come from a DRA driver's ResourceSlices.
+    dra: bool = False
+    #: Allocatable CPU (millicores) and memory (MiB) of the node; None: unknown.
+    cpu_milli: int | None = None
+    ram_mib: int | None = None
+    #: Why the Node object could not be read (a field of the wrong type): the
+    #: node then fails every pod with this reason.
+    error: str | None = None
+    #: What the agent's ``gpu-scheduler.io/gpus`` annotation says of the GPUs'
+    #: health (None: no annotation, or unreadable); on a DRA node, its devices'
+    #: blocking taints (the driver's word, believed without an agent).
+    health: contract.GpuHealth | None = None
+    #: True when the node's agent holds its heartbeat Lease (cluster mode): only
+    #: then is ``health`` believed, so an annotation a departed agent left behind
+    #: never holds GPUs back.
+    managed: bool = False
+    #: (label key, value) of each topology level the node is labelled with (the
+    #: extender's ``groupLevels``); without them, its zone alone (given None, set
+    #: so at init: never None on a made object).
+    domains: tuple[tuple[str, str], ...] | None = None
 
-    def __init__(
-        self,
-        name: str,
-        allocatable: int = 0,
-        *,
-        labelled_gpu: bool = False,
-        memory_mib: int | None = None,
-        product: str | None = None,
-        capacity_type: str | None = None,
-        zone: str | None = None,
-        heartbeat: float | None = None,
-        replicas: int = 1,
-        dra: bool = False,
-        cpu_milli: int | None = None,
-        ram_mib: int | None = None,
-        error: str | None = None,
-        health: contract.GpuHealth | None = None,
-        managed: bool = False,
-        domains: tuple[tuple[str, str], ...] | None = None,
-    ) -> None:
-        self.name = name
-        self.allocatable = allocatable
-        self.labelled_gpu = labelled_gpu
-        self.memory_mib = memory_mib
-        self.product = product
+    def __post_init__(self) -> None:
+        product, zone = self.product, self.zone
         self.model = _opt_intern(contract.base_product(product)) if product else None
-        self.capacity_type = capacity_type
-        self.zone = zone
-        self.heartbeat = heartbeat
-        #: GFD's gpu.replicas: > 1 when the device plugin time-slices or MPS-shares.
-        self.replicas = replicas
-        #: True when the GPUs come from a DRA driver's ResourceSlices.
-        self.dra = dra
-        #: Allocatable CPU (millicores) and memory (MiB) of the node; None: unknown.
-        self.cpu_milli = cpu_milli
-        self.ram_mib = ram_mib
-        #: Why the Node object could not be read (a field of the wrong type): the
-        #: node then fails every pod with this reason.
-        self.error = error
-        #: What the agent's ``gpu-scheduler.io/gpus`` annotation says of the GPUs'
-        #: health (None: no annotation, or unreadable); on a DRA node, its devices'
-        #: blocking taints (the driver's word, believed without an agent).
-        self.health = health
-        #: True when the node's agent holds its heartbeat Lease (cluster mode): only
-        #: then is ``health`` believed, so an annotation a departed agent left behind
-        #: never holds GPUs back.
-        self.managed = managed
-        #: (label key, value) of each topology level the node is labelled with (the
-        #: extender's ``groupLevels``); without them, its zone alone.
-        self.domains = (
-            domains if domains is not None else (((contract.LABEL_ZONE, zone),) if zone else ())
-        )
+        if self.domains is None:
+            self.domains = ((contract.LABEL_ZONE, zone),) if zone else ()
 
     @property
     def usable(self) -> int:
@@ -141,15 +109,6 @@ class NodeFacts:
     @property
     def has_gpus(self) -> bool:
         return self.allocatable > 0 or self.labelled_gpu
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, NodeFacts) and all(
-            getattr(self, s) == getattr(other, s) for s in self.__slots__
-        )
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{s}={getattr(self, s)!r}" for s in self.__slots__)
-        return f"NodeFacts({fields})"
 
 
 def _opt_intern(value: str | None) -> str | None:
