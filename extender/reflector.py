@@ -30,6 +30,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from extender import metrics
@@ -52,48 +53,38 @@ PAGE_SIZE = 500
 ListFunc = Callable[..., Any]
 
 
+@dataclass(eq=False)
 class Reflector:
     """One kind: ``replace(items)`` after each list, ``apply(type, obj)`` per event."""
 
-    def __init__(
-        self,
-        kind: str,
-        list_func: ListFunc,
-        params: Mapping[str, Any],
-        replace: Callable[[Iterable[Mapping[str, Any]]], None],
-        apply: Callable[[str, Mapping[str, Any]], None],
-        *,
-        stop: threading.Event,
-        reset_connections: Callable[[], None] = lambda: None,
-        clock: Callable[[], float] = time.monotonic,
-        silence: float = SILENCE,
-        watch_seconds: int = WATCH_SECONDS,
-        optional: bool = False,
-        after: threading.Event | None = None,
-    ) -> None:
-        self.kind = kind
-        self.list_func = list_func
-        self.params = dict(params)
-        self.replace = replace
-        self.apply = apply
-        self.stop = stop
-        self.reset_connections = reset_connections
-        self.clock = clock
-        self.silence = silence
-        self.watch_seconds = watch_seconds
+    kind: str
+    list_func: ListFunc
+    params: Mapping[str, Any]  # copied at init
+    replace: Callable[[Iterable[Mapping[str, Any]]], None]
+    apply: Callable[[str, Mapping[str, Any]], None]
+    _: KW_ONLY
+    stop: threading.Event
+    reset_connections: Callable[[], None] = lambda: None
+    clock: Callable[[], float] = time.monotonic
+    silence: float = SILENCE
+    watch_seconds: int = WATCH_SECONDS
+    #: Optional kinds only: the API server does not serve it (404) or lets us read
+    #: it (403). It then counts as listed and empty, and is asked again later.
+    optional: bool = False
+    #: Wait (up to :data:`SILENCE`) for this before the first list: ResourceSlices
+    #: are read through the DeviceClass that selects their devices.
+    after: threading.Event | None = None
+
+    def __post_init__(self) -> None:
+        self.params = dict(self.params)
         self.synced = threading.Event()
         #: Monotonic time the API server last said anything about this kind.
         self.contact: float | None = None
         self.relists = 0
         self._version: str | None = None
-        #: Optional kinds only: the API server does not serve it (404) or lets us read
-        #: it (403). It then counts as listed and empty, and is asked again later.
-        self.optional = optional
+        #: Why an optional kind counts as absent (None: it is not).
         self.absent: str | None = None
         self._relist = threading.Event()
-        #: Wait (up to :data:`SILENCE`) for this before the first list: ResourceSlices
-        #: are read through the DeviceClass that selects their devices.
-        self.after = after
 
     def age(self) -> float | None:
         """Seconds since the last word from the API server (None: never listed; 0 for
