@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Any
 
+from gpu_scheduler.cli import fail
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     _node_flags(parser.add_argument_group("the node and its heartbeat"))
@@ -133,11 +135,6 @@ def _serving_flags(parser: Any) -> None:
     )
 
 
-def _fail(message: str, code: int = 2) -> int:
-    print(f"gpu-scheduler agent: {message}", file=sys.stderr)
-    return code
-
-
 def run(args: argparse.Namespace) -> int:
     from agent.xid import XidPolicy
     from gpu_scheduler.durations import parse_duration
@@ -151,13 +148,14 @@ def run(args: argparse.Namespace) -> int:
         unhealthy_after = parse_duration(args.unhealthy_after)
         xid_policy = XidPolicy.configured(args.xid_ignore, args.xid_critical)
     except ValueError as exc:
-        return _fail(str(exc))
+        return fail("agent", exc)
     if min(interval, heartbeat, resync, timeout) <= 0:
-        return _fail(
-            "--interval, --heartbeat-interval, --resync-interval and --request-timeout must be > 0"
+        return fail(
+            "agent",
+            "--interval, --heartbeat-interval, --resync-interval and --request-timeout must be > 0",
         )
     if not args.dry_run and not args.node_name:
-        return _fail("--node-name (or $NODE_NAME) is required unless --dry-run")
+        return fail("agent", "--node-name (or $NODE_NAME) is required unless --dry-run")
 
     import logging
     import threading
@@ -219,7 +217,7 @@ def _run_once(
     try:
         inventory = agent.read_inventory()
     except InventoryError as exc:
-        return _fail(f"cannot read the GPUs: {exc}", 1)
+        return fail("agent", f"cannot read the GPUs: {exc}", 1)
     if args.dry_run:
         import json
 
@@ -227,14 +225,14 @@ def _run_once(
         return 0
     api = _node_api(args, timeout)
     if isinstance(api, str):
-        return _fail(api, 1)
+        return fail("agent", api, 1)
     agent.api = api
     try:
         agent.sync_once(inventory)
         if config.pod is not None:
             agent.renew_heartbeat()
     except ApiError as exc:
-        return _fail(f"node {args.node_name}: {exc}", 1)
+        return fail("agent", f"node {args.node_name}: {exc}", 1)
     return 0
 
 
@@ -261,7 +259,7 @@ def _run_forever(
     if not args.dry_run:
         api = _node_api(args, timeout)
         if isinstance(api, str):
-            return _fail(api, 1)
+            return fail("agent", api, 1)
     agent = Agent(config, backend, api, stop=stop)
     if isinstance(backend, NvmlBackend):  # a fake file scripts its XIDs in the reads
         from agent.events import NvmlEvents

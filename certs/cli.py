@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+
+from gpu_scheduler.cli import fail
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -73,15 +74,13 @@ def run(args: argparse.Namespace) -> int:
         try:
             print(store.ca_bundle(args.dir))
         except (OSError, ValueError) as exc:
-            print(f"gpu-scheduler certs ca-bundle: {exc}", file=sys.stderr)
-            return 2
+            return fail("certs ca-bundle", exc)
         return 0
     if args.certs_command == "rotate-ca":
         try:
             done = store.rotate_ca(args.ca_dir, args.phase, days=args.ca_days)
         except (OSError, ValueError) as exc:
-            print(f"gpu-scheduler certs rotate-ca {args.phase}: {exc}", file=sys.stderr)
-            return 2
+            return fail(f"certs rotate-ca {args.phase}", exc)
         print(json.dumps({"phase": args.phase, "done": done, "ca_dir": args.ca_dir}))
         return 0
     try:
@@ -100,8 +99,7 @@ def run(args: argparse.Namespace) -> int:
             client=args.client,
         )
     except (OSError, ValueError) as exc:
-        print(f"gpu-scheduler certs generate: {exc}", file=sys.stderr)
-        return 2
+        return fail("certs generate", exc)
     report = {
         "action": outcome.action,
         "reason": outcome.reason,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
+from gpu_scheduler.cli import fail
 from gpu_scheduler.serveropts import add_cert_reload_option, add_server_options
 
 
@@ -62,11 +62,9 @@ def run(args: argparse.Namespace) -> int:
         deadline = parse_duration(args.request_deadline)
         interval = parse_duration(args.cert_reload_interval)
     except ValueError as exc:
-        print(f"gpu-scheduler extender: {exc}", file=sys.stderr)
-        return 2
+        return fail("extender", exc)
     if args.client_ca and not args.tls_cert_dir:
-        print("gpu-scheduler extender: --client-ca needs --tls-cert-dir", file=sys.stderr)
-        return 2
+        return fail("extender", "--client-ca needs --tls-cert-dir")
     workers = args.workers or (1 if args.node_source == "cluster" else 2)
     metrics_dir_for(workers)
     from extender.app import VerbGuard, create_app
@@ -75,8 +73,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
     except (ConfigError, OSError) as exc:
-        print(f"gpu-scheduler extender: {exc}", file=sys.stderr)
-        return 2
+        return fail("extender", exc)
 
     tls: dict[str, object] = {}
     reloader = None
@@ -85,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
         problem = check_pair(args.tls_cert_dir)
         if problem:
-            print(f"gpu-scheduler extender: {problem}", file=sys.stderr)
-            return 2
+            return fail("extender", problem)
         reloader = CertReloader(args.tls_cert_dir, interval, client_ca=args.client_ca)
         tls = reloader.gunicorn_options()
 

@@ -5,8 +5,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
+
+from gpu_scheduler.cli import fail
 
 
 def pod_story(api_client: Any, namespace: str, name: str) -> str:
@@ -148,6 +149,5 @@ def run(args: argparse.Namespace) -> int:
     try:
         print(pod_story(api_client(args.kubeconfig), args.namespace, args.pod))
     except LookupError as exc:
-        print(f"gpu-scheduler explain: {exc}", file=sys.stderr)
-        return 1
+        return fail("explain", exc, 1)
     return 0

@@ -23,6 +23,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def fail(command: str, problem: object, code: int = 2) -> int:
+    """Say on stderr why ``gpu-scheduler COMMAND`` stops (``gpu-scheduler COMMAND:
+    PROBLEM``); its exit status, for ``run`` to return (2: what it was given is wrong)."""
+    print(f"gpu-scheduler {command}: {problem}", file=sys.stderr)
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpu-scheduler", description="GPU-aware scheduling for Kubernetes."

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
+from gpu_scheduler.cli import fail
 from gpu_scheduler.serveropts import add_cert_reload_option, add_server_options
 
 
@@ -25,14 +25,12 @@ def run(args: argparse.Namespace) -> int:
     from gpu_scheduler.serving import metrics_dir_for, serve
 
     if args.workers < 1 or args.threads < 1:
-        print("gpu-scheduler webhook: --workers and --threads must be >= 1", file=sys.stderr)
-        return 2
+        return fail("webhook", "--workers and --threads must be >= 1")
     try:
         interval = parse_duration(args.cert_reload_interval)
         deadline = parse_duration(args.request_deadline)
     except ValueError as exc:
-        print(f"gpu-scheduler webhook: {exc}", file=sys.stderr)
-        return 2
+        return fail("webhook", exc)
     metrics_dir_for(args.workers)
     from gpu_scheduler.tls import CertReloader, check_pair
     from webhook.app import create_app
@@ -41,14 +39,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
     except (ConfigError, OSError) as exc:
-        print(f"gpu-scheduler webhook: {exc}", file=sys.stderr)
-        return 2
+        return fail("webhook", exc)
     reloader = CertReloader(args.cert_dir, interval)
     # Fail fast on missing or broken key material; each worker loads its own context.
     problem = check_pair(args.cert_dir)
     if problem:
-        print(f"gpu-scheduler webhook: {problem}", file=sys.stderr)
-        return 2
+        return fail("webhook", problem)
 
     def factory():  # type: ignore[no-untyped-def]
         return create_app(cfg, ready=reloader.ready)
