@@ -84,18 +84,22 @@ class Device:
         return self.capacity.get(self.driver, {}).get(name)
 
 
-def _name(obj: Mapping[str, Any]) -> str | None:
-    meta = obj.get("metadata")
+def _name_and_spec(obj: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | None:
+    """The name and spec of a cluster-scoped object (None: either is missing or not
+    of its type)."""
+    meta, spec = obj.get("metadata"), obj.get("spec")
     name = meta.get("name") if isinstance(meta, Mapping) else None
-    return name if isinstance(name, str) and name else None
+    if not isinstance(name, str) or not name or not isinstance(spec, Mapping):
+        return None
+    return name, spec
 
 
 def device_class(obj: Mapping[str, Any]) -> DeviceClass | None:
     """A DeviceClass in its JSON form (None when it is unreadable)."""
-    name = _name(obj)
-    spec = obj.get("spec")
-    if name is None or not isinstance(spec, Mapping):
+    named = _name_and_spec(obj)
+    if named is None:
         return None
+    name, spec = named
     resource = spec.get("extendedResourceName")
     selectors = []
     for item in spec.get("selectors") or ():
@@ -237,10 +241,10 @@ class TaintRule:
 
 def taint_rule(obj: Mapping[str, Any]) -> TaintRule | None:
     """A DeviceTaintRule in its JSON form (None when it is unreadable)."""
-    name = _name(obj)
-    spec = obj.get("spec")
-    if name is None or not isinstance(spec, Mapping):
+    named = _name_and_spec(obj)
+    if named is None:
         return None
+    name, spec = named
     selector = spec.get("deviceSelector")
     selector = selector if isinstance(selector, Mapping) else {}
 
