@@ -318,14 +318,20 @@ class BufferingWorker(ThreadWorker):
         conn.take_request(end)
         self.enqueue_req(conn)
 
-    def _forget(self, conn: _Conn) -> None:
+    def _forget(self, conn: _Conn, held: deque[_Conn] | None = None) -> None:
+        """Stop watching ``conn``'s socket and take it out of ``held`` (None:
+        ``reading``)."""
         with contextlib.suppress(KeyError, ValueError, OSError):
             self.poller.unregister(conn.sock)
         with contextlib.suppress(ValueError):
-            self.reading.remove(conn)
+            (self.reading if held is None else held).remove(conn)
 
-    def _drop(self, conn: _Conn, reason: str | None = None) -> None:
-        self._forget(conn)
+    def _drop(
+        self, conn: _Conn, reason: str | None = None, held: deque[_Conn] | None = None
+    ) -> None:
+        """Close ``conn`` for good (see :meth:`_forget` for ``held``); ``reason``: the
+        refusal to count, if it was refused."""
+        self._forget(conn, held)
         self.nr_conns -= 1
         if reason:
             _refused(reason)
@@ -352,15 +358,7 @@ class BufferingWorker(ThreadWorker):
             return
         except (OSError, ValueError):
             pass
-        self._close_lingering(conn)
-
-    def _close_lingering(self, conn: _Conn) -> None:
-        with contextlib.suppress(KeyError, ValueError, OSError):
-            self.poller.unregister(conn.sock)
-        with contextlib.suppress(ValueError):
-            self.lingering.remove(conn)
-        self.nr_conns -= 1
-        util.close(conn.sock)
+        self._drop(conn, held=self.lingering)
 
     def murder_pending(self) -> None:
         super().murder_pending()
@@ -372,7 +370,7 @@ class BufferingWorker(ThreadWorker):
             else:
                 self._drop(conn, "deadline")
         while self.lingering and self.lingering[0].deadline <= now:
-            self._close_lingering(self.lingering[0])
+            self._drop(self.lingering[0], held=self.lingering)
 
     # --- in a thread: the request is whole -----------------------------------------
     def handle(self, conn: _Conn) -> Any:
