@@ -43,20 +43,12 @@ HEADER = """\
 # (ValidatingAdmissionPolicy GA, node claims in service-account tokens).
 """
 
+NODE_POLICY = "gpu-scheduler-agent-own-node"
+LEASE_POLICY = "gpu-scheduler-agent-own-lease"
+
+# The two policies, each followed by its binding; the {pieces} are filled in by render().
 BODY = """\
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicy
-metadata:
-  name: gpu-scheduler-agent-own-node{labels}
-spec:
-  failurePolicy: Fail
-  matchConstraints:
-    resourceRules:
-      - apiGroups: [""]
-        apiVersions: ["*"]
-        operations: [UPDATE]
-        resources: [nodes, nodes/status]
-{match_agent}  variables:
+{node_policy}{match_agent}  variables:
     - name: ownedLabels
       expression: >-
         [{owned_labels}]
@@ -158,19 +150,7 @@ spec:
         allocatable (conditions, addresses and the rest are the kubelet's)
       reason: Forbidden
 {node_binding}---
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicy
-metadata:
-  name: gpu-scheduler-agent-own-lease{labels}
-spec:
-  failurePolicy: Fail
-  matchConstraints:
-    resourceRules:
-      - apiGroups: [coordination.k8s.io]
-        apiVersions: ["*"]
-        operations: [CREATE, UPDATE, DELETE]
-        resources: [leases]
-{match_agent}  variables:
+{lease_policy}{match_agent}  variables:
 {node_name}{pod_uid}    - name: owners
       expression: "object == null ? [] : object.metadata.?ownerReferences.orValue([])"
   validations:
@@ -236,17 +216,30 @@ def _claim(variable: str, claim: str) -> str:
     )
 
 
-def _binding(policy: str, labels: str) -> str:
+def _head(kind: str, name: str, labels: str) -> str:
+    """An admissionregistration.k8s.io/v1 object up to its spec."""
     return (
-        "---\n"
-        "apiVersion: admissionregistration.k8s.io/v1\n"
-        "kind: ValidatingAdmissionPolicyBinding\n"
-        "metadata:\n"
-        f"  name: {policy}{labels}\n"
-        "spec:\n"
-        f"  policyName: {policy}\n"
-        "  validationActions: [Deny]\n"
+        f"apiVersion: admissionregistration.k8s.io/v1\nkind: {kind}\n"
+        f"metadata:\n  name: {name}{labels}\nspec:\n"
     )
+
+
+def _policy(name: str, labels: str, group: str, operations: str, resources: str) -> str:
+    """A ValidatingAdmissionPolicy's start: the requests it applies to."""
+    return _head("ValidatingAdmissionPolicy", name, labels) + (
+        "  failurePolicy: Fail\n"
+        "  matchConstraints:\n"
+        "    resourceRules:\n"
+        f"      - apiGroups: [{group}]\n"
+        '        apiVersions: ["*"]\n'
+        f"        operations: [{operations}]\n"
+        f"        resources: [{resources}]\n"
+    )
+
+
+def _binding(policy: str, labels: str) -> str:
+    head = _head("ValidatingAdmissionPolicyBinding", policy, labels)
+    return f"---\n{head}  policyName: {policy}\n  validationActions: [Deny]\n"
 
 
 def _quoted(keys: tuple[str, ...]) -> str:
@@ -257,14 +250,17 @@ def render(user: str, labels: str = "") -> str:
     """The policy and its binding for the agent's ServiceAccount ``user``; ``labels``
     is inserted after each metadata name (the chart's labels)."""
     return BODY.format(
+        node_policy=_policy(NODE_POLICY, labels, '""', "UPDATE", "nodes, nodes/status"),
+        lease_policy=_policy(
+            LEASE_POLICY, labels, "coordination.k8s.io", "CREATE, UPDATE, DELETE", "leases"
+        ),
         match_agent=MATCH_AGENT.format(user=user),
         node_name=_claim("nodeName", "node-name"),
         pod_uid=_claim("podUID", "pod-uid"),
-        node_binding=_binding("gpu-scheduler-agent-own-node", labels),
-        lease_binding=_binding("gpu-scheduler-agent-own-lease", labels),
+        node_binding=_binding(NODE_POLICY, labels),
+        lease_binding=_binding(LEASE_POLICY, labels),
         owned_labels=_quoted((*contract.AGENT_LABELS, *contract.AGENT_OWN_LABELS)),
         owned_annotations=_quoted(contract.AGENT_ANNOTATIONS),
-        labels=labels,
         lease_label=contract.LEASE_LABEL,
         lease_value=contract.LEASE_LABEL_VALUE,
     )
