@@ -33,42 +33,56 @@ Body = bytes
 Generator = Callable[[random.Random, Any], Body]
 
 WRONG_TYPES: list[Any] = [0, -1, 1.5, True, False, None, "", "x", [], [1, "a"], {}, {"a": 1}]
-HOSTILE_QUANTITIES: list[Any] = [
+#: Quantity strings that parse_quantity refuses (tests/unit/test_quantity.py checks
+#: each): not finite, beyond 2**63-1, too long, not ASCII digits, or malformed.
+REFUSED_QUANTITIES: list[str] = [
     "Infinity",
     "-Infinity",
     "inf",
+    "-inf",
     "NaN",
     "nan",
     "sNaN",
     "1e400",
     "1e999999",
     "1e999999999",
-    "1e-999999999",
-    "1e4294967296",
+    "1e4294967296",  # upstream truncates this exponent to int32: it would mean 1
+    "9Ei",
+    "8Ei",
     "9" * 5000,
     "0." + "0" * 4000 + "1",
     "²",
     "1²",
     "\u0663",
+    "\uff11",
+    "1 ",
+    " 1",
+    "1 Gi",
+    "1_0",
+    "1_000",
+    "0x10",
+    "",
+    "1e",
+    "1e+",
+    "--1",
+    "1.5.5",
+    "1Qi",
+]
+#: What the fuzzer puts where a quantity goes: the refused strings, edges that parse
+#: (upstream's leniency included: "e5", ".", "-" and "Ki" are 0), and JSON values.
+HOSTILE_QUANTITIES: list[Any] = [
+    *REFUSED_QUANTITIES,
+    "1e-999999999",
     "-1",
     "-0",
     "0.5",
     "500m",
     "1e18",
-    "9Ei",
-    "8Ei",
     "1.5Gi",
-    "1 ",
-    " 1",
-    "1_0",
-    "0x10",
-    "",
-    "1e",
     "e5",
     ".",
     "-",
     "Ki",
-    "1Qi",
     1e308,
     -1,
     0.1,
