@@ -16,10 +16,26 @@ import pytest
 
 from lab.processes import free_port, stop_group
 
-__all__ = ["CLI", "ROOT", "free_port", "running", "tail", "wait_for"]
+__all__ = ["CLI", "ROOT", "free_port", "running", "tail", "wait_for", "webhook_command"]
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "gpu_scheduler.cli"]
+
+
+def webhook_command(
+    port: int, cert_dir: Path, *extra: str, log_level: str | None = None
+) -> list[str]:
+    """``gpu-scheduler webhook`` on 127.0.0.1:``port``, serving the pair in ``cert_dir``;
+    ``extra``: more of its options."""
+    return [
+        *CLI,
+        *([f"--log-level={log_level}"] if log_level else []),
+        "webhook",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        f"--cert-dir={cert_dir}",
+        *extra,
+    ]
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:

@@ -291,6 +291,7 @@ def main() -> int:
 
     from certs.build import service_identity
     from certs.store import generate
+    from tests.helpers import webhook_command
 
     levels = [int(x) for x in args.levels.split(",")]
     body = review_body()
@@ -304,22 +305,8 @@ def main() -> int:
         off_config.write_text("nodeAffinity: {enabled: false}\n")
 
         def webhook(port: int, *extra: str) -> list[str]:
-            return [
-                sys.executable,
-                "-m",
-                "gpu_scheduler.cli",
-                "--log-level",
-                args.webhook_log_level,
-                "webhook",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--cert-dir",
-                str(tmpdir / "certs"),
-                *extra,
-                *common,
-            ]
+            certs, level = tmpdir / "certs", args.webhook_log_level
+            return webhook_command(port, certs, *extra, *common, log_level=level)
 
         cmds = {
             "webhook": webhook(wport),

@@ -12,7 +12,7 @@ import requests
 from gpu_scheduler import contract
 from tests.factories import admission_review, make_node, make_pod
 from tests.fuzz.harness import Target
-from tests.helpers import CLI, free_port, running, tail, wait_for
+from tests.helpers import CLI, free_port, running, tail, wait_for, webhook_command
 
 H100 = dict(product="NVIDIA-H100-80GB-HBM3", memory_mib=81559)
 NODE_NAMES = ("fuzz-a", "fuzz-b", "fuzz-c")
@@ -94,16 +94,8 @@ def webhook(workdir: Path, workers: int = 2) -> Iterator[tuple[str, int, Path, s
     )
     port = free_port()
     log = workdir / "webhook.log"
-    cmd = [
-        *CLI,
-        "webhook",
-        "--host=127.0.0.1",
-        f"--port={port}",
-        f"--cert-dir={cert_dir}",
-        f"--workers={workers}",
-    ]
     ca = str(cert_dir / store.CA_CERT)
-    with running(cmd, log) as proc:
+    with running(webhook_command(port, cert_dir, f"--workers={workers}"), log) as proc:
         url = f"https://127.0.0.1:{port}"
         _wait_up(url + "/readyz", log, ca)
         yield url, proc.pid, log, ca

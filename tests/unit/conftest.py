@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CLI, ROOT, free_port, running, tail, wait_for
+from tests.helpers import CLI, ROOT, free_port, running, tail, wait_for, webhook_command
 
 # --- certs / webhook ------------------------------------------------------------------
 
@@ -71,18 +71,7 @@ def webhook_server_factory(
         def start(cert_dir: Path, *extra: str) -> WebhookServer:
             port = free_port()
             log = tmp_path_factory.mktemp("webhook") / "webhook.log"
-            cmd = [
-                *CLI,
-                "webhook",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--cert-dir",
-                str(cert_dir),
-                *extra,
-            ]
-            proc = stack.enter_context(running(cmd, log))
+            proc = stack.enter_context(running(webhook_command(port, cert_dir, *extra), log))
             server = WebhookServer(f"https://127.0.0.1:{port}", port, cert_dir, log, proc)
             ctx = server.client_context()
 
