@@ -1,6 +1,8 @@
 """Scenarios on a control plane of a test module's own: an extender (optionally behind
 the fault proxy, or in args mode) and a kube-scheduler profile of its own, so pods pick
-the scenario by ``schedulerName``. Used by the fault-injection and GPU-stack tests."""
+the scenario by ``schedulerName``. Used by the fault-injection and GPU-stack tests.
+Also what the e2e tests share of GPU nodes and pods: the GPU taint, a GPU node, a pod
+placed through the webhook, DRA slices and class."""
 
 from __future__ import annotations
 
@@ -23,6 +25,31 @@ from tests.e2e.kube import create_node, create_pod, gpu_labels, pod_manifest, un
 H100 = ("NVIDIA-H100-80GB-HBM3", 81559)
 TOLERATE_GPU = [dict(contract.GPU_TOLERATION)]
 GPU_TAINT = [{"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}]
+
+
+# --- GPU nodes and pods on the lab's stack -------------------------------------------
+def gpu_node(
+    stack: Stack, case: str, gpus: int, model: tuple[str, int] = H100, **labels: str
+) -> str:
+    """A tainted node of ``gpus`` GPUs of ``model`` (product, MiB), labelled as GFD
+    would (``labels``: more of them) and marked as the case's; its name."""
+    return create_node(
+        stack,
+        unique(case),
+        case=case,
+        gpus=gpus,
+        labels=gpu_labels(gpus, *model, **labels),
+        taints=GPU_TAINT,
+    )
+
+
+def place(stack: Stack, case: str, gpus: int = 1, annotations: dict[str, str] | None = None) -> str:
+    """Create a pod of the case asking for ``gpus`` GPUs; its name (the webhook must have
+    routed it to our scheduler)."""
+    name = unique("pod")
+    pod = create_pod(stack, pod_manifest(name, gpus, case=case, annotations=annotations))
+    assert pod["spec"]["schedulerName"] == contract.SCHEDULER_NAME
+    return name
 
 
 # --- DRA: GPUs as the NVIDIA DRA driver publishes them ------------------------------

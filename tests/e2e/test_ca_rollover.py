@@ -24,14 +24,12 @@ from certs import store
 from gpu_scheduler import certinfo
 from tests.e2e.kube import (
     core,
-    create_node,
     create_pod,
-    gpu_labels,
     pod_manifest,
     unique,
     wait_bound,
 )
-from tests.e2e.test_placement import GPU_TAINT, H100
+from tests.e2e.scenarios import gpu_node
 from tests.fuzz.servers import names_body
 
 SETTLE_S = 3.0  # the lab's files are its Secret volumes: the servers check every 1s
@@ -70,14 +68,7 @@ def _cas(text: bytes) -> int:
 def test_ca_rollover_refuses_no_gpu_pod(stack):
     case = "rollover"
     for _ in range(3):
-        create_node(
-            stack,
-            unique(case),
-            case=case,
-            gpus=64,
-            labels=gpu_labels(64, *H100),
-            taints=GPU_TAINT,
-        )
+        gpu_node(stack, case, 64)
     created: list[str] = []
     refused: list[str] = []
     stop = threading.Event()

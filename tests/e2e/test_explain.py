@@ -9,7 +9,7 @@ import subprocess
 from lab.controlplane import ROOT
 from lab.stack import CLI
 from tests.e2e.kube import bind_pod, core, wait_bound, wait_event
-from tests.e2e.test_placement import gpu_node, place
+from tests.e2e.scenarios import gpu_node, place
 
 
 def explain(stack, *args: str) -> subprocess.CompletedProcess[str]:

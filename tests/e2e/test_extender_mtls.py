@@ -11,7 +11,7 @@ import requests
 
 from certs import build, store
 from tests.e2e.kube import delete_pod, wait_bound
-from tests.e2e.test_placement import gpu_node, place
+from tests.e2e.scenarios import gpu_node, place
 from tests.fuzz.servers import names_body
 
 

@@ -14,10 +14,8 @@ from gpu_scheduler import contract
 from lab.stack import NAMESPACE, scheduler_config
 from tests.e2e.kube import (
     bind_pod,
-    create_node,
     create_pod,
     delete_pod,
-    gpu_labels,
     pod_manifest,
     put_lease,
     read_pod,
@@ -25,30 +23,10 @@ from tests.e2e.kube import (
     wait_bound,
     wait_event,
 )
+from tests.e2e.scenarios import gpu_node, place
 
-H100 = ("NVIDIA-H100-80GB-HBM3", 81559)
 A100_80 = ("NVIDIA-A100-SXM4-80GB", 81920)
 A100_40 = ("NVIDIA-A100-SXM4-40GB", 40960)
-GPU_TAINT = [{"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}]
-
-
-def gpu_node(stack, case, gpus, model=H100, **labels):
-    name = unique(case)
-    return create_node(
-        stack,
-        name,
-        case=case,
-        gpus=gpus,
-        labels=gpu_labels(gpus, *model, **labels),
-        taints=GPU_TAINT,
-    )
-
-
-def place(stack, case, gpus=1, annotations=None):
-    name = unique("pod")
-    pod = create_pod(stack, pod_manifest(name, gpus, case=case, annotations=annotations))
-    assert pod["spec"]["schedulerName"] == contract.SCHEDULER_NAME  # the webhook routed it
-    return name
 
 
 def test_binpack_takes_the_tightest_fit_where_mostallocated_takes_the_fuller_node(stack):

@@ -29,12 +29,11 @@ from tests.e2e.kube import (
     core,
     create_node,
     create_pod,
-    gpu_labels,
     pod_manifest,
     unique,
     wait_bound,
 )
-from tests.e2e.scenarios import GPU_TAINT, create_gpu_device_class, publish_slice
+from tests.e2e.scenarios import GPU_TAINT, create_gpu_device_class, gpu_node, publish_slice
 from tests.helpers import required, wait_for
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gpus"
@@ -56,17 +55,6 @@ def old(tmp_path_factory, control_plane_binary):
     stack = start_stack(tmp_path_factory.mktemp(f"k8s-{OLDEST}"), binary=oldest_binary())
     yield stack
     stack.stop()
-
-
-def gpu_node(stack, case: str, gpus: int, model: tuple[str, int]) -> str:
-    return create_node(
-        stack,
-        unique(case),
-        case=case,
-        gpus=gpus,
-        labels=gpu_labels(gpus, *model),
-        taints=GPU_TAINT,
-    )
 
 
 def test_the_control_plane_is_the_oldest_minor(old):
