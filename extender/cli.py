@@ -6,7 +6,7 @@ import argparse
 import os
 
 from gpu_scheduler.cli import fail
-from gpu_scheduler.serveropts import add_cert_reload_option, add_server_options
+from gpu_scheduler.serveropts import add_cert_reload_option, add_server_options, server_settings
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -58,14 +58,14 @@ def run(args: argparse.Namespace) -> int:
     from gpu_scheduler.durations import parse_duration
     from gpu_scheduler.serving import metrics_dir_for, serve
 
+    workers = args.workers or (1 if args.node_source == "cluster" else 2)
     try:
-        deadline = parse_duration(args.request_deadline)
+        server = server_settings(args, workers)
         interval = parse_duration(args.cert_reload_interval)
     except ValueError as exc:
         return fail("extender", exc)
     if args.client_ca and not args.tls_cert_dir:
         return fail("extender", "--client-ca needs --tls-cert-dir")
-    workers = args.workers or (1 if args.node_source == "cluster" else 2)
     metrics_dir_for(workers)
     from extender.app import VerbGuard, create_app
     from extender.config import ConfigError, load_config
@@ -96,15 +96,5 @@ def run(args: argparse.Namespace) -> int:
             tls_ready=reloader.ready if reloader is not None else None,
         )
 
-    serve(
-        factory,
-        host=args.host,
-        port=args.port,
-        workers=workers,
-        threads=args.threads,
-        max_body=cfg.max_body_bytes,
-        request_deadline=deadline,
-        plain_port=args.ops_port,
-        **tls,
-    )
+    serve(factory, max_body=cfg.max_body_bytes, plain_port=args.ops_port, **server, **tls)
     return 0

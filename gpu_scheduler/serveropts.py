@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+from gpu_scheduler.durations import parse_duration
 
 
 def add_server_options(
@@ -21,6 +24,19 @@ def add_server_options(
         help="a request must arrive whole within this time of its first byte, or it is "
         "answered 408 and closed; slow clients never hold a thread (default 10s)",
     )
+
+
+def server_settings(args: argparse.Namespace, workers: int) -> dict[str, Any]:
+    """What :func:`add_server_options`' options say, as keywords of
+    :func:`gpu_scheduler.serving.serve` (``workers``: the count in effect). Raises
+    ValueError when ``--request-deadline`` is not a duration."""
+    return {
+        "host": args.host,
+        "port": args.port,
+        "workers": workers,
+        "threads": args.threads,
+        "request_deadline": parse_duration(args.request_deadline),
+    }
 
 
 def add_cert_reload_option(parser: argparse.ArgumentParser) -> None:

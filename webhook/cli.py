@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gpu_scheduler.cli import fail
-from gpu_scheduler.serveropts import add_cert_reload_option, add_server_options
+from gpu_scheduler.serveropts import add_cert_reload_option, add_server_options, server_settings
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
         return fail("webhook", "--workers and --threads must be >= 1")
     try:
         interval = parse_duration(args.cert_reload_interval)
-        deadline = parse_duration(args.request_deadline)
+        server = server_settings(args, args.workers)
     except ValueError as exc:
         return fail("webhook", exc)
     metrics_dir_for(args.workers)
@@ -49,14 +49,5 @@ def run(args: argparse.Namespace) -> int:
     def factory():  # type: ignore[no-untyped-def]
         return create_app(cfg, ready=reloader.ready)
 
-    serve(
-        factory,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        threads=args.threads,
-        max_body=cfg.max_body_bytes,
-        request_deadline=deadline,
-        **reloader.gunicorn_options(),
-    )
+    serve(factory, max_body=cfg.max_body_bytes, **server, **reloader.gunicorn_options())
     return 0
