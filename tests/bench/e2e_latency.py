@@ -30,6 +30,7 @@ from lab.processes import free_port  # noqa: E402
 from lab.stack import bare_stack  # noqa: E402
 from tests.bench.extender_bench import BARE_APP  # noqa: E402
 from tests.bench.trace import (  # noqa: E402
+    Task,
     find_trace_dir,
     load_nodes,
     load_tasks,
@@ -38,17 +39,17 @@ from tests.bench.trace import (  # noqa: E402
 )
 from tests.bench.trace_runners import (  # noqa: E402
     NAMESPACE,
+    Contender,
     clear_pods,
     scheduler_configs,
-    scheduler_watched,
 )
 from tests.helpers import running  # noqa: E402
 
 
-def place_one_at_a_time(cluster, core, name, config, tasks) -> list[float]:  # type: ignore[no-untyped-def]
-    scheduler = config["profiles"][0]["schedulerName"]
+def place_one_at_a_time(contender: Contender, tasks: list[Task]) -> list[float]:
+    core, name, scheduler = contender.core, contender.name, contender.scheduler
     latencies = []
-    with scheduler_watched(cluster, core, name, config) as outcomes:
+    with contender.watched() as outcomes:
         time.sleep(2)  # informers synced
         for task in tasks:
             manifest = pod_manifest(task, scheduler, ours=True)
@@ -108,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, config in variants.items():
                 mark = len(extender_log.read_text().splitlines())
                 started = time.monotonic()
-                results[name] = place_one_at_a_time(cluster, core, name, config, tasks)
+                contender = Contender(cluster, core, name, config)
+                results[name] = place_one_at_a_time(contender, tasks)
                 print(f"  {name}: {len(tasks)} pods in {time.monotonic() - started:.0f}s")
                 clear_pods(core, stack.extender_port)
         handlers = handler_ms(extender_log, mark)  # the last variant: ours

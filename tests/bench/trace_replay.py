@@ -90,6 +90,7 @@ from tests.bench.trace_reports import (  # noqa: E402
 )
 from tests.bench.trace_runners import (  # noqa: E402
     SCHEDULERS,
+    Contender,
     _LogTail,
     clear_pods,
     nodes_to_find,
@@ -210,7 +211,8 @@ def run(opts: argparse.Namespace) -> list[Any]:
         for name in [n for _ in range(opts.repeat) for n in names]:
             started = time.monotonic()
             if opts.mode == "fill":
-                result = run_fill(cluster, core, name, configs[name], tasks, model_of, total_gpus)
+                contender = Contender(cluster, core, name, configs[name])
+                result = run_fill(contender, tasks, model_of, total_gpus)
                 print(
                     f"  {name}: first failure at {result.first_failure_share or 0:.1%}, "
                     f"end {result.final_share:.1%}, {time.monotonic() - started:.0f}s",
@@ -218,10 +220,7 @@ def run(opts: argparse.Namespace) -> list[Any]:
                 )
             else:
                 result = run_replay(
-                    cluster,
-                    core,
-                    name,
-                    configs[name],
+                    Contender(cluster, core, name, configs[name]),
                     arrivals,
                     model_of,
                     total_gpus,
@@ -391,10 +390,7 @@ def run_samples(
                     tail.read()  # what came before this run is not its
                     started = time.monotonic()
                     result = run_sample(
-                        cluster,
-                        core,
-                        label,
-                        with_percentage(configs[name], pct),
+                        Contender(cluster, core, label, with_percentage(configs[name], pct)),
                         drawn,
                         nodes,
                         classes,

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -200,19 +201,32 @@ def clear_pods(core: Any, extender_port: int | None) -> None:
             time.sleep(0.5)
 
 
-@contextlib.contextmanager
-def scheduler_watched(
-    cluster: LocalCluster, core: Any, name: str, config: dict[str, Any]
-) -> Iterator[Outcomes]:
-    """A kube-scheduler with this config, and a watch on the pods that name it; both
-    stopped on the way out."""
-    outcomes = Outcomes(core, config["profiles"][0]["schedulerName"])
-    proc = cluster.start_scheduler(f"scheduler-{name}", config)
-    try:
-        yield outcomes
-    finally:
-        outcomes.stop()
-        cluster.stop_process(proc.name)
+@dataclass(frozen=True)
+class Contender:
+    """One scheduler under test: a kube-scheduler of its own with ``config`` on
+    ``cluster``, whose pods are made through ``core``; ``name`` labels its results."""
+
+    cluster: LocalCluster
+    core: Any
+    name: str
+    config: dict[str, Any]
+
+    @property
+    def scheduler(self) -> str:
+        """The schedulerName its pods carry."""
+        return self.config["profiles"][0]["schedulerName"]
+
+    @contextlib.contextmanager
+    def watched(self) -> Iterator[Outcomes]:
+        """Its kube-scheduler, and a watch on the pods that name it; both stopped on the
+        way out."""
+        outcomes = Outcomes(self.core, self.scheduler)
+        proc = self.cluster.start_scheduler(f"scheduler-{self.name}", self.config)
+        try:
+            yield outcomes
+        finally:
+            outcomes.stop()
+            self.cluster.stop_process(proc.name)
 
 
 def submit(
@@ -232,20 +246,14 @@ def submit(
 
 
 def run_fill(
-    cluster: LocalCluster,
-    core: Any,
-    name: str,
-    config: dict[str, Any],
-    tasks: list[Task],
-    model_of: dict[str, str],
-    total_gpus: int,
+    contender: Contender, tasks: list[Task], model_of: dict[str, str], total_gpus: int
 ) -> FillResult:
-    scheduler = f"trace-{name}"
+    core, name, scheduler = contender.core, contender.name, contender.scheduler
     result = FillResult(name, total_gpus)
     placed: list[bool] = []
     timings: list[tuple[float, float]] = []
     started = time.monotonic()
-    with scheduler_watched(cluster, core, name, config) as outcomes:
+    with contender.watched() as outcomes:
         for i, task in enumerate(tasks):
             kind, detail, timing = submit(
                 core, outcomes, task, scheduler, ours=name == "gpu-scheduler"
@@ -271,10 +279,7 @@ def run_fill(
 
 
 def run_sample(
-    cluster: LocalCluster,
-    core: Any,
-    name: str,
-    config: dict[str, Any],
+    contender: Contender,
     tasks: list[Task],
     nodes: list[TraceNode],
     classes: list[Any],
@@ -285,7 +290,7 @@ def run_sample(
     """The drawn tasks in order, each waited for (bound or unschedulable; a failed pod
     is deleted), none leaving. CPU-only draws are not submitted: GPU nodes are tainted,
     so they cannot touch a GPU node and change no GPU figure."""
-    scheduler = config["profiles"][0]["schedulerName"]
+    core, name, scheduler = contender.core, contender.name, contender.scheduler
     total = sum(n.gpus for n in nodes)
     result = SampleResult(name, seed, total)
     states = {
@@ -293,7 +298,7 @@ def run_sample(
     }
     started = time.monotonic()
     bound = 0
-    with scheduler_watched(cluster, core, name, config) as outcomes:
+    with contender.watched() as outcomes:
         for i, task in enumerate(t for t in tasks if t.gpus):
             result.bound_before[task.name] = bound
             kind, detail, _ = submit(core, outcomes, task, scheduler, ours=ours)
@@ -316,10 +321,7 @@ def run_sample(
 
 
 def run_replay(
-    cluster: LocalCluster,
-    core: Any,
-    name: str,
-    config: dict[str, Any],
+    contender: Contender,
     arrivals: list[Arrival],
     model_of: dict[str, str],
     total_gpus: int,
@@ -327,7 +329,7 @@ def run_replay(
 ) -> ReplayResult:
     """Arrivals at their compressed times; each bound pod deleted after its runtime; a
     pod still pending after ``patience`` seconds withdrawn and counted as failed."""
-    scheduler = f"trace-{name}"
+    core, name, scheduler = contender.core, contender.name, contender.scheduler
     result = ReplayResult(name, total_gpus)
     by_name = {a.task.name: a for a in arrivals}
     # (due, order, kind, name): kind 0 departure, 1 withdrawal, 2 arrival; equal times
@@ -340,7 +342,7 @@ def run_replay(
     last_sample = -1.0
     last_progress = 0.0
     with (
-        scheduler_watched(cluster, core, name, config) as outcomes,
+        contender.watched() as outcomes,
         ThreadPoolExecutor(8) as pool,
     ):
         start = time.monotonic()
