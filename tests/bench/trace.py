@@ -16,13 +16,18 @@ required nodeAffinity for the others.
 from __future__ import annotations
 
 import csv
+import functools
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
+
 from gpu_scheduler import contract
+from webhook.config import WebhookConfig
+from webhook.mutate import decide
 
 TRACE_DIR = Path(__file__).resolve().parents[3] / "shared" / "traces" / "openb"
 # MiB per GPU, from the trace README. G1-G3 are undisclosed models: we assume 16 GiB
@@ -164,6 +169,7 @@ def pod_manifest(task: Task, scheduler: str, *, ours: bool) -> dict[str, Any]:
         if task.models:
             if ours:
                 annotations[contract.ANN_GPU_PRODUCTS] = ",".join(task.models)
+                return admitted(_pod(task, annotations, spec), scheduler)
             else:
                 spec["affinity"] = {
                     "nodeAffinity": {
@@ -182,12 +188,31 @@ def pod_manifest(task: Task, scheduler: str, *, ours: bool) -> dict[str, Any]:
                         }
                     }
                 }
+    return _pod(task, annotations, spec)
+
+
+def _pod(task: Task, annotations: dict[str, str], spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": task.name, "annotations": annotations},
         "spec": spec,
     }
+
+
+def admitted(pod: dict[str, Any], scheduler: str) -> dict[str, Any]:
+    """``pod`` as our webhook (deploy/'s configuration, for ``scheduler``) lets it
+    into the cluster: the webhook's own decision, its JSON patch applied. A pod
+    restricted to GPU products gets the required node affinity the webhook writes, so
+    kube-scheduler's own filters, and its node sampling, see only those products'
+    nodes, as they do in a cluster where the webhook runs."""
+    decision = decide(pod, _webhook_config(scheduler))
+    return jsonpatch.apply_patch(pod, decision.patch) if decision.patch else pod
+
+
+@functools.cache
+def _webhook_config(scheduler: str) -> WebhookConfig:
+    return WebhookConfig(scheduler_name=scheduler)
 
 
 @dataclass

@@ -58,20 +58,45 @@ def test_nodes_carry_agent_labels_capacity_and_the_gpu_taint():
     assert cpu["spec"]["taints"] == []
 
 
-def test_model_constraint_as_annotation_for_us_and_affinity_for_the_others():
+def _product_term(pod):
+    return pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+
+
+def test_model_constraint_as_the_webhook_admits_it_for_us_and_affinity_for_the_others():
     t = task(gpus=2, models=("V100M16", "V100M32"))
     ours = pod_manifest(t, "trace-gpu-scheduler", ours=True)
+    # Ours: the annotation, and the affinity our webhook writes from it (each product
+    # and its -SHARED name), as in a cluster where the webhook admits the pod.
     assert ours["metadata"]["annotations"][contract.ANN_GPU_PRODUCTS] == "V100M16,V100M32"
-    assert "affinity" not in ours["spec"]
+    assert _product_term(ours) == [
+        {
+            "matchExpressions": [
+                {
+                    "key": contract.LABEL_GPU_PRODUCT,
+                    "operator": "In",
+                    "values": ["V100M16", "V100M16-SHARED", "V100M32", "V100M32-SHARED"],
+                }
+            ]
+        }
+    ]
+    assert ours["spec"]["schedulerName"] == "trace-gpu-scheduler"
+    assert ours["spec"]["tolerations"] == [dict(contract.GPU_TOLERATION)]  # not added twice
+    unrestricted = pod_manifest(task(gpus=2), "trace-gpu-scheduler", ours=True)
+    assert "affinity" not in unrestricted["spec"]
     theirs = pod_manifest(t, "trace-default", ours=False)
-    term = theirs["spec"]["affinity"]["nodeAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ]["nodeSelectorTerms"][0]["matchExpressions"][0]
-    assert term == {
-        "key": contract.LABEL_GPU_PRODUCT,
-        "operator": "In",
-        "values": ["V100M16", "V100M32"],
-    }
+    assert _product_term(theirs) == [
+        {
+            "matchExpressions": [
+                {
+                    "key": contract.LABEL_GPU_PRODUCT,
+                    "operator": "In",
+                    "values": ["V100M16", "V100M32"],
+                }
+            ]
+        }
+    ]
     assert podspec.pod_gpu_request(theirs["spec"]) == 2
     cpu = pod_manifest(task(gpus=0), "trace-default", ours=False)
     assert "tolerations" not in cpu["spec"]
