@@ -4,17 +4,8 @@ A *shape* is what decides where a pod can go: whole GPUs, CPU and memory (rounde
 to a coarse grid, so that the mix stays small and a shape never claims to fit where
 its pods do not), and the GPU products it is restricted to. The cluster cache counts
 the shapes of the bound GPU pods as they come and go; :func:`workload_mix` keeps the
-shapes that ask for the most GPUs (at most ``MAX_SHAPES``, covering ``COVERAGE`` of the
-GPUs asked, as the FGD paper's simulator keeps the popular task classes) with their
-share of those GPUs.
-
-The FGD paper weighs a shape by its count of tasks. Here a shape weighs what its pods
-ask for: one 8-GPU pod as much as eight 1-GPU pods. A count of pods tells the
-fragmentation score that whole nodes matter in proportion to how many pods need them,
-so on a cluster whose GPUs go mostly to multi-GPU jobs but whose pods are mostly
-1-GPU, it spent whole nodes on small pods and turned away the first 8-GPU pod early
-(held-out multigpu50: at 75.5% of the GPUs allocated, against 93.6% weighted by GPUs;
-docs/BENCHMARKS.md, "Held-out workloads").
+most common ones (at most ``MAX_SHAPES``, covering ``COVERAGE`` of the pods, as the
+FGD paper's simulator keeps the popular task classes) with their frequencies.
 """
 
 from __future__ import annotations
@@ -36,7 +27,7 @@ class TaskShape(NamedTuple):
 
 class MixEntry(NamedTuple):
     shape: TaskShape
-    share: float  # of the GPUs the kept shapes' pods ask for (they sum to 1)
+    share: float  # of the GPU pods, over the kept shapes (they sum to 1)
 
 
 def _round_up(value: int, step: int) -> int:
@@ -54,25 +45,25 @@ def task_shape(
 
 
 def _order(item: tuple[TaskShape, int]) -> tuple[int, int, int, int, tuple[str, ...]]:
-    shape, demand = item  # most GPUs asked first; ties in a fixed order
-    return (-demand, shape.gpus, shape.cpu_milli, shape.ram_mib, shape.products or ())
+    shape, count = item  # most common first; ties in a fixed order
+    return (-count, shape.gpus, shape.cpu_milli, shape.ram_mib, shape.products or ())
 
 
 def workload_mix(counts: Mapping[TaskShape, int]) -> tuple[MixEntry, ...]:
-    """The shapes that ask for the most GPUs, with their share of those GPUs, largest
-    first."""
-    demands = {shape: count * max(shape.gpus, 1) for shape, count in counts.items() if count > 0}
-    total = sum(demands.values())
+    """The most common shapes, with their share among them, most common first."""
+    total = sum(counts.values())
     if total <= 0:
         return ()
     kept: list[tuple[TaskShape, int]] = []
     covered = 0
-    for shape, demand in sorted(demands.items(), key=_order):
-        kept.append((shape, demand))
-        covered += demand
+    for shape, count in sorted(counts.items(), key=_order):
+        if count <= 0:
+            continue
+        kept.append((shape, count))
+        covered += count
         if len(kept) >= MAX_SHAPES or covered >= COVERAGE * total:
             break
-    return tuple(MixEntry(shape, demand / covered) for shape, demand in kept)
+    return tuple(MixEntry(shape, count / covered) for shape, count in kept)
 
 
 def product_pressure(

@@ -55,13 +55,12 @@ def test_shapes_round_up_to_a_coarse_grid():
     assert task_shape(1, 0, 0, None) == TaskShape(1, 0, 0, None)
 
 
-def test_the_mix_keeps_the_shapes_that_ask_for_most_gpus_and_their_shares_of_them():
-    # 60 one-GPU pods ask for 60 GPUs, 38 eight-GPU pods for 304, 2 two-GPU pods for 4:
-    # an 8-GPU pod weighs eight 1-GPU pods, since it needs a whole node kept whole.
+def test_the_mix_keeps_the_common_shapes_and_their_shares():
     counts = {ANY_1: 60, ANY_8: 38, TaskShape(2, 1000, 4096, None): 2}
     mix = workload_mix(counts)
-    assert [e.shape for e in mix] == [ANY_8, ANY_1]  # 364 of 368 GPUs: 95% covered
-    assert [e.share for e in mix] == pytest.approx([304 / 364, 60 / 364])
+    assert [e.shape for e in mix] == [ANY_1, ANY_8]  # 98 of 100 pods: 95% covered
+    assert sum(e.share for e in mix) == pytest.approx(1.0)
+    assert mix[0].share == pytest.approx(60 / 98)
     many = {TaskShape(1, 1000 * i, 4096, None): 1 for i in range(1, 100)}
     assert len(workload_mix(many)) == MAX_SHAPES
     assert workload_mix({}) == ()
@@ -136,9 +135,8 @@ def test_the_cache_keeps_cpu_memory_and_the_mix_of_bound_gpu_pods():
         "b": (6, 31000, 262144 - 1024, "T4"),
     }
     assert [(e.shape, round(e.share, 3)) for e in v.mix] == [
-        # two 1-GPU pods and one 2-GPU pod: half the GPUs each (the fewer GPUs first)
-        (TaskShape(1, 1000, 4096, None), 0.5),
-        (TaskShape(2, 1000, 4096, ("T4",)), 0.5),
+        (TaskShape(1, 1000, 4096, None), 0.667),
+        (TaskShape(2, 1000, 4096, ("T4",)), 0.333),
     ]
     cache.pod_event("DELETED", make_pod("p3", 2, node="b"))
     v = cache.view()
