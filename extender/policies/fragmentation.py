@@ -3,10 +3,9 @@
 After FGD (Weng et al., "Beware of Fragmentation", USENIX ATC'23), adapted to whole
 GPUs and to CPU and memory. A node's free GPUs are *fragmented* for a task shape when
 that shape cannot run there: too few free GPUs, too little free CPU or memory beside
-them, or a product the shape is not allowed on. Weighted by each shape's share of the
-GPUs the cluster's workload asks for (the cluster cache's mix of bound GPU pods,
-:mod:`extender.workload`; the paper weighs by count of tasks), a node's expected
-fragmentation is
+them, or a product the shape is not allowed on. Weighted by how common each shape is
+in the cluster's workload (the cluster cache's mix of bound GPU pods,
+:mod:`extender.workload`), a node's expected fragmentation is
 
     F(node) = free GPUs x sum over shapes s of share(s) x [s does not fit the node]
 
