@@ -108,11 +108,10 @@ class Decider:
         try:
             batch = view.candidates(args.names)
         except TypeError:  # an element that cannot even be hashed is no node name
-            wire.check_node_names(args.names)
+            wire.check_names_field(args.names)
             raise
         if not batch.distinct:  # some are not known, or one repeats: check them all
-            wire.check_node_names(args.names)
-            wire.check_distinct(args.names)
+            wire.check_names_field(args.names)
         return _Request(args, pod, batch, view)
 
     def filter(self, req: _Request) -> tuple[bytes, dict[str, Any]]:
