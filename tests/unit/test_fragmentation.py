@@ -55,15 +55,37 @@ def test_shapes_round_up_to_a_coarse_grid():
     assert task_shape(1, 0, 0, None) == TaskShape(1, 0, 0, None)
 
 
-def test_the_mix_keeps_the_common_shapes_and_their_shares():
+def test_the_mix_weighs_unrestricted_shapes_by_the_gpus_they_ask_for():
+    # 60 one-GPU pods ask for 60 GPUs, 38 eight-GPU pods for 304: the 8-GPU shape
+    # weighs most; the 2-GPU shape (4 of 368 GPUs asked) falls outside 95%.
     counts = {ANY_1: 60, ANY_8: 38, TaskShape(2, 1000, 4096, None): 2}
     mix = workload_mix(counts)
-    assert [e.shape for e in mix] == [ANY_1, ANY_8]  # 98 of 100 pods: 95% covered
+    assert [e.shape for e in mix] == [ANY_8, ANY_1]
     assert sum(e.share for e in mix) == pytest.approx(1.0)
-    assert mix[0].share == pytest.approx(60 / 98)
-    many = {TaskShape(1, 1000 * i, 4096, None): 1 for i in range(1, 100)}
+    assert mix[0].share == pytest.approx(304 / 364)
+    many = {TaskShape(1, 1000 * i, 4096, None): 1 for i in range(1, 200)}
     assert len(workload_mix(many)) == MAX_SHAPES
     assert workload_mix({}) == ()
+
+
+def test_restricted_shapes_keep_their_share_of_the_pods():
+    # 20 of 100 pods can run only on T4: their shape keeps 20% of the weight however
+    # many GPUs the unrestricted pods ask for; the unrestricted 80% split by GPUs
+    # (70 one-GPU pods: 70 GPUs; 10 eight-GPU pods: 80 GPUs).
+    t4 = TaskShape(1, 4000, 8192, ("T4",))
+    mix = dict(workload_mix({ANY_1: 70, ANY_8: 10, t4: 20}))
+    assert mix[t4] == pytest.approx(0.2)
+    assert mix[ANY_8] == pytest.approx(0.8 * 80 / 150)
+    assert mix[ANY_1] == pytest.approx(0.8 * 70 / 150)
+    # Only restricted pods: their counts alone.
+    only = dict(workload_mix({t4: 3, TaskShape(2, 4000, 8192, ("A100",)): 1}))
+    assert only[t4] == pytest.approx(0.75)
+
+
+def test_ties_are_ordered_the_same_way_every_time():
+    a, b = TaskShape(1, 4000, 8192, ("T4",)), TaskShape(1, 4000, 8192, ("L4",))
+    assert [e.shape for e in workload_mix({a: 5, b: 5})] == [b, a]
+    assert [e.shape for e in workload_mix({b: 5, a: 5})] == [b, a]
 
 
 def test_a_one_gpu_pod_goes_where_it_strands_nothing():
