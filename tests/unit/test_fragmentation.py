@@ -235,3 +235,50 @@ def test_large_calls_evaluate_distinct_states_once_and_score_as_small_ones(monke
     assert scores(nodes, v, pod(gpus=2)) == small
     monkeypatch.setattr(fragmentation, "DENSE_KEYS", 0)  # and by sorting
     assert scores(nodes, v, pod(gpus=2)) == small
+
+
+def test_the_mixs_table_gives_what_evaluating_every_shape_gives(monkeypatch):
+    """A call whose shapes x states exceed the table's cells reads a table built once
+    for the mix; every later call on the mix reads it too. The shares are added in
+    another order, so the values agree to rounding, and the integer scores match."""
+    import numpy as np
+
+    from extender.columns import Codes
+    from extender.policies import fragmentation
+
+    rng = np.random.default_rng(7)
+    codes = Codes()
+    for model in ("G1", "G2", "G3", "T4"):
+        codes.code(model)
+    mix = workload_mix(
+        {
+            TaskShape(
+                int(rng.choice([1, 1, 2, 4, 8])),
+                int(rng.integers(1, 30)) * 1000,
+                int(rng.integers(1, 40)) * 4096,
+                (str(rng.choice(["G1", "G3", "T4"])),) if i % 3 == 0 else None,
+            ): int(rng.integers(1, 50))
+            for i in range(120)
+        }
+    )
+    n = 3000
+    before = (
+        rng.integers(-1, 9, n),
+        rng.integers(0, 96000, n),
+        rng.integers(0, 400000, n),
+        rng.integers(0, len(codes.values), n),
+    )
+    after = (before[0] - 2, before[1] - 8000, before[2] - 16384, before[3])
+    direct = fragmentation._Fragmentation(mix, codes)
+    monkeypatch.setattr(fragmentation, "TABLE_CELLS", 0)  # never a table
+    expected = direct(before, after)
+    assert direct._table is None
+    monkeypatch.setattr(fragmentation, "TABLE_CELLS", 1 << 20)
+    tabled = fragmentation._Fragmentation(mix, codes)
+    assert tabled.cells < 2 * n * len(mix) <= 1 << 20
+    got = tabled(before, after)
+    assert tabled._table is not None  # built by this large call
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9)
+    # a small call on the same mix reads the table too
+    small = tuple(part[:5] for part in before), tuple(part[:5] for part in after)
+    np.testing.assert_allclose(tabled(*small), direct(*small), rtol=0, atol=1e-9)
