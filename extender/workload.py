@@ -9,15 +9,17 @@ as the FGD paper's simulator keeps the popular task classes) with their shares.
 
 A shape's weight: the FGD paper weighs a task class by its count of tasks. Here only
 restricted shapes do (what protects a scarce product is how many pods can run nowhere
-else); the unrestricted shapes share the rest of the weight by the GPUs their pods ask
-for, one 8-GPU pod as much as eight 1-GPU pods. Counted by pods, a cluster whose GPUs
-go mostly to multi-GPU jobs but whose pods are mostly 1-GPU told the fragmentation
-score that whole nodes hardly mattered: it spent them on small pods and turned away
-its first 8-GPU pod early (held-out multigpu50: at 75.5% of the GPUs allocated,
-against 90.0% now). Weighing every shape by GPUs lost the model-restricted workloads
-instead (gpuspec20: 98.7 -> 96.0% allocated at 100% arrived), as did a cap of 32
-shapes, which on those workloads of 200-300 shapes left half the restricted pods out
-of the mix (docs/BENCHMARKS.md, "The mix, weighed").
+else). The unrestricted shapes share the rest in proportion to their pods x GPUs^a,
+where ``a`` is twice the share of the GPUs asked that multi-GPU pods ask for (at most
+1): where multi-GPU jobs take half the GPUs, one 8-GPU pod weighs as eight 1-GPU pods;
+where they take 7% (the openb default and gpuspec files), about as 1.4. Counted by
+pods, a cluster whose GPUs go mostly to multi-GPU jobs but whose pods are mostly
+1-GPU told the fragmentation score that whole nodes hardly mattered: it spent them on
+small pods and turned away its first 8-GPU pod early (held-out multigpu50: at 75.5%
+of the GPUs allocated, against 90.0% now). Weighing every workload by GPUs lost the
+model-restricted ones instead (gpuspec20, seed 44: 92.0 against 98.4% allocated at
+100% arrived), as did a cap of 32 shapes, which on those workloads of 200-300 shapes
+left half the restricted pods out of the mix (docs/BENCHMARKS.md, "The mix, weighed").
 """
 
 from __future__ import annotations
@@ -58,23 +60,29 @@ def task_shape(
     return TaskShape(gpus, cpu, ram, products)
 
 
-def _order(item: tuple[TaskShape, int]) -> tuple[int, int, int, int, tuple[str, ...]]:
+def _order(item: tuple[TaskShape, float]) -> tuple[float, int, int, int, tuple[str, ...]]:
     shape, weight = item  # heaviest first; ties in a fixed order
     return (-weight, shape.gpus, shape.cpu_milli, shape.ram_mib, shape.products or ())
 
 
-def _weights(counts: Mapping[TaskShape, int]) -> dict[TaskShape, int]:
-    """Each shape's weight, as integers over one denominator (so that ties are exact):
-    a restricted shape's count of pods x the GPUs the unrestricted pods ask for, an
-    unrestricted shape's GPUs asked x the unrestricted pods' count. Over their sum,
-    a restricted shape has its share of the pods, and the unrestricted shapes split
-    the rest by the GPUs they ask for."""
+def _weights(counts: Mapping[TaskShape, int]) -> dict[TaskShape, float]:
+    """Each shape's weight (they sum to 1): a restricted shape's share of the pods; the
+    unrestricted shapes split the rest by pods x GPUs^a (the module's docstring)."""
     live = {shape: count for shape, count in counts.items() if count > 0}
-    free = {shape: count for shape, count in live.items() if shape.products is None}
-    asked = sum(count * max(shape.gpus, 1) for shape, count in free.items()) or 1
-    pods = sum(free.values())
+    pods = sum(live.values())
+    if not pods:
+        return {}
+    asked = sum(count * max(shape.gpus, 1) for shape, count in live.items())
+    multi = sum(count * shape.gpus for shape, count in live.items() if shape.gpus > 1)
+    power = min(1.0, 2.0 * multi / asked)
+    grown = {
+        shape: count * max(shape.gpus, 1) ** power
+        for shape, count in live.items()
+        if shape.products is None
+    }
+    rest = sum(live[shape] for shape in grown) / pods / (sum(grown.values()) or 1.0)
     return {
-        shape: count * max(shape.gpus, 1) * pods if shape in free else count * asked
+        shape: grown[shape] * rest if shape in grown else count / pods
         for shape, count in live.items()
     }
 
@@ -86,8 +94,8 @@ def workload_mix(counts: Mapping[TaskShape, int]) -> tuple[MixEntry, ...]:
     total = sum(weights.values())
     if total <= 0:
         return ()
-    kept: list[tuple[TaskShape, int]] = []
-    covered = 0
+    kept: list[tuple[TaskShape, float]] = []
+    covered = 0.0
     for shape, weight in sorted(weights.items(), key=_order):
         kept.append((shape, weight))
         covered += weight

@@ -56,8 +56,9 @@ def test_shapes_round_up_to_a_coarse_grid():
 
 
 def test_the_mix_weighs_unrestricted_shapes_by_the_gpus_they_ask_for():
-    # 60 one-GPU pods ask for 60 GPUs, 38 eight-GPU pods for 304: the 8-GPU shape
-    # weighs most; the 2-GPU shape (4 of 368 GPUs asked) falls outside 95%.
+    # 60 one-GPU pods ask for 60 GPUs, 38 eight-GPU pods for 304: multi-GPU pods ask
+    # for over half the GPUs, so shapes weigh their GPUs: the 8-GPU shape weighs most;
+    # the 2-GPU shape (4 of 368 GPUs asked) falls outside 95%.
     counts = {ANY_1: 60, ANY_8: 38, TaskShape(2, 1000, 4096, None): 2}
     mix = workload_mix(counts)
     assert [e.shape for e in mix] == [ANY_8, ANY_1]
@@ -68,15 +69,27 @@ def test_the_mix_weighs_unrestricted_shapes_by_the_gpus_they_ask_for():
     assert workload_mix({}) == ()
 
 
+def test_where_multi_gpu_pods_ask_for_little_the_mix_is_nearly_by_pods():
+    # 8 of 101 GPUs asked by multi-GPU pods: GPUs count to the power 2 x 8/101 (the
+    # weights before the mix keeps 95% of them: the 8-GPU shape is not kept)
+    from extender.workload import _weights
+
+    weights = _weights({ANY_1: 93, ANY_8: 1})
+    grown = 8 ** (2 * 8 / 101)
+    assert weights[ANY_8] == pytest.approx(grown / (93 + grown))
+    assert weights[ANY_8] < 0.02  # by GPUs it would be 8/101
+    assert [e.shape for e in workload_mix({ANY_1: 93, ANY_8: 1})] == [ANY_1]
+
+
 def test_restricted_shapes_keep_their_share_of_the_pods():
     # 20 of 100 pods can run only on T4: their shape keeps 20% of the weight however
     # many GPUs the unrestricted pods ask for; the unrestricted 80% split by GPUs
-    # (70 one-GPU pods: 70 GPUs; 10 eight-GPU pods: 80 GPUs).
+    # (multi-GPU pods ask for 160 of 240 GPUs: 60 one-GPU pods, 20 eight-GPU pods).
     t4 = TaskShape(1, 4000, 8192, ("T4",))
-    mix = dict(workload_mix({ANY_1: 70, ANY_8: 10, t4: 20}))
+    mix = dict(workload_mix({ANY_1: 60, ANY_8: 20, t4: 20}))
     assert mix[t4] == pytest.approx(0.2)
-    assert mix[ANY_8] == pytest.approx(0.8 * 80 / 150)
-    assert mix[ANY_1] == pytest.approx(0.8 * 70 / 150)
+    assert mix[ANY_8] == pytest.approx(0.8 * 160 / 220)
+    assert mix[ANY_1] == pytest.approx(0.8 * 60 / 220)
     # Only restricted pods: their counts alone.
     only = dict(workload_mix({t4: 3, TaskShape(2, 4000, 8192, ("A100",)): 1}))
     assert only[t4] == pytest.approx(0.75)
