@@ -66,7 +66,7 @@ class View:
         #: Each known node's :data:`FreeState`, kept current by the cache as pods come
         #: and go, so a per-node loop reads one entry instead of deriving it.
         self.free = free
-        #: The shapes of the bound GPU pods, most common first (extender.workload).
+        #: The shapes of the bound GPU pods, heaviest first (extender.workload).
         self.mix = mix
         #: (namespace, group) -> node -> pods of that placement group bound there.
         self.groups = groups
