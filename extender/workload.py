@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 #: At most this many shapes are kept, and only as many as cover this share of the
-#: weight. The model-restricted openb variants hold 230-290 shapes, of which 77-106
+#: weight. The model-restricted openb variants hold 230-290 shapes, of which 73-102
 #: cover 95% (a cap of 32 kept half their restricted pods).
 MAX_SHAPES = 128
 COVERAGE = 0.95
