@@ -3,9 +3,10 @@
 After FGD (Weng et al., "Beware of Fragmentation", USENIX ATC'23), adapted to whole
 GPUs and to CPU and memory. A node's free GPUs are *fragmented* for a task shape when
 that shape cannot run there: too few free GPUs, too little free CPU or memory beside
-them, or a product the shape is not allowed on. Weighted by how common each shape is
-in the cluster's workload (the cluster cache's mix of bound GPU pods,
-:mod:`extender.workload`), a node's expected fragmentation is
+them, or a product the shape is not allowed on. Weighted by each shape's share of the
+cluster's workload (the cluster cache's mix of bound GPU pods, :mod:`extender.workload`:
+restricted shapes by their count of pods, the others also by the GPUs they ask for as
+multi-GPU demand grows), a node's expected fragmentation is
 
     F(node) = free GPUs x sum over shapes s of share(s) x [s does not fit the node]
 
@@ -166,29 +167,33 @@ class _Fragmentation:
         ram_at = np.searchsorted(self.ram_levels, rams, side="right")
         work = len(frees) * len(self.share)
         if self._table is not None or (work > DIRECT and self.cells <= min(work, TABLE_CELLS)):
-            table = self.table()
-            at = np.minimum(frees, self.top) * table.shape[1] + cpu_at
-            at = (at * table.shape[2] + ram_at) * self.models + models
-            fitting = table.ravel().take(at)
-            value = np.where(frees > 0, frees * (1.0 - fitting), 0.0)
+            at = self._key(np.minimum(frees, self.top), cpu_at, ram_at, models)
+            fitting = self.table().ravel().take(at)
         elif work <= DIRECT:
-            value = self._evaluate(frees, cpu_at, ram_at, models)
+            fitting = self._fitting(frees, cpu_at, ram_at, models)
         else:  # evaluate each distinct state once
-            key = (frees * (len(self.cpu_levels) + 1) + cpu_at) * (len(self.ram_levels) + 1)
-            key = (key + ram_at) * self.models + models
-            first, inverse = _distinct(key)
-            value = self._evaluate(frees[first], cpu_at[first], ram_at[first], models[first])
-            value = value[inverse]
+            first, inverse = _distinct(self._key(frees, cpu_at, ram_at, models))
+            fitting = self._fitting(frees[first], cpu_at[first], ram_at[first], models[first])
+            fitting = fitting[inverse]
+        value = np.where(frees > 0, frees * (1.0 - fitting), 0.0)
         half = len(value) // 2
         return value[:half] - value[half:]
 
-    def _evaluate(
+    def _key(
         self, free: np.ndarray, cpu_at: np.ndarray, ram_at: np.ndarray, models: np.ndarray
     ) -> np.ndarray:
+        """One integer per (free GPUs, CPU level, memory level, model) state: the
+        table's flat index, for free GPUs up to the most a shape asks."""
+        key = (free * (len(self.cpu_levels) + 1) + cpu_at) * (len(self.ram_levels) + 1)
+        return (key + ram_at) * self.models + models
+
+    def _fitting(
+        self, free: np.ndarray, cpu_at: np.ndarray, ram_at: np.ndarray, models: np.ndarray
+    ) -> np.ndarray:
+        """The share of the mix that fits each state: the shapes that fit, their
+        shares added in the mix's order (axis 0)."""
         fits = self.gpus <= free
         fits &= self.cpu_at < cpu_at
         fits &= self.ram_at < ram_at
         fits &= self.allowed[:, models]
-        # The shares of the shapes that fit, added in the mix's order (axis 0).
-        fitting = np.where(fits, self.share, 0.0).sum(axis=0)
-        return np.where(free > 0, free * (1.0 - fitting), 0.0)
+        return np.where(fits, self.share, 0.0).sum(axis=0)
