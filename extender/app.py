@@ -28,10 +28,11 @@ from extender.cache import ClusterCache
 from extender.columns import Candidates
 from extender.config import ExtenderConfig, load_config
 from extender.engine import FilterOutcome, candidates_of, filter_nodes, score_array
-from extender.explain import Explainer, decision, only_fit
+from extender.explain import Decision, Explainer, decision, only_fit
 from extender.model import NodeFacts, PodFacts, node_facts, pod_facts
 from extender.policies import Policy, build_policies
 from extender.policies.group import group_state
+from extender.prepared import PreparedAnswers
 from extender.view import View, args_view
 from gpu_scheduler import contract
 from gpu_scheduler.http import (
@@ -77,6 +78,7 @@ class Decider:
         # The last pod's facts: kube-scheduler sends the same Pod to filter and then
         # to prioritize. Reused only for an equal object (a comparison in C).
         self._last_pod: tuple[Any, PodFacts] | None = None
+        self.prepared = PreparedAnswers()
 
     def pod(self, obj: Any) -> PodFacts:
         last = self._last_pod
@@ -114,7 +116,7 @@ class Decider:
             wire.check_names_field(args.names)
         return _Request(args, pod, batch, view)
 
-    def filter(self, req: _Request) -> tuple[bytes, dict[str, Any]]:
+    def filter(self, req: _Request) -> tuple[bytes, dict[str, Any], Callable[[], None] | None]:
         outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
         if not outcome.passed and (unknown := req.nodes.unknown()):
             # Nothing fits among the nodes this view knows, and kube-scheduler knows
@@ -126,7 +128,7 @@ class Decider:
                 f"no known node fits, and {unknown} candidate(s) are not in the extender's "
                 f"cache yet (view {req.view.age or 0:.0f}s old); retry shortly"
             )
-            return orjson.dumps(wire.error_result(message)), {"retry": "unknown-nodes"}
+            return orjson.dumps(wire.error_result(message)), {"retry": "unknown-nodes"}, None
         uid = _uid(req.args.pod)
         if self.explainer is not None and req.pod.gpus and uid and len(outcome.passed) == 1:
             self.explainer.remember(
@@ -144,40 +146,68 @@ class Decider:
         metrics.NODES.labels("passed").inc(len(outcome.passed))
         metrics.NODES.labels("failed").inc(len(outcome.failed))
         metrics.NODES.labels("unresolvable").inc(len(outcome.unresolvable))
-        return body, {
+        details = {
             "passed": len(outcome.passed),
             "failed": len(outcome.failed),
             "unresolvable": len(outcome.unresolvable),
         }
+        return body, details, lambda: self.prepare(req, outcome.passed)
 
-    def prioritize(self, req: _Request) -> tuple[bytes, dict[str, Any]]:
+    def prepare(self, req: _Request, passed: list[str]) -> None:
+        """After filter's answer is on the wire: prioritize's answer for the names it
+        passed (extender/prepared.py). Only for names looked up in the cache (a call
+        that sends Node objects is judged by them), and not for one node or none,
+        which kube-scheduler does not score."""
+        if req.args.nodes is not None or len(passed) < 2 or req.pod.error is not None:
+            return
+        started = time.perf_counter()
+        entry = self.prepared.begin(req.pod, passed, req.view)
+        answer = None
+        try:
+            args = wire.ExtenderArgs(req.args.pod, None, passed)
+            answer = self._score(_Request(args, req.pod, req.view.candidates(passed), req.view))
+            # prioritize's log line says what the preparation took, off its path
+            answer[1]["prepared_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        except Exception:  # the call itself will compute it, and fail or not, itself
+            log.exception("preparing prioritize's answer failed")
+        self.prepared.finish(entry, answer)
+
+    def prioritize(self, req: _Request) -> tuple[bytes, dict[str, Any], None]:
+        answer = self.prepared.take(req.pod, req.args.names, req.view)
+        body, details, chosen = answer if answer is not None else self._score(req)
+        if chosen is not None and self.explainer is not None:
+            self.explainer.remember(chosen)
+        return body, details | {"prepared": answer is not None}, None
+
+    def _score(self, req: _Request) -> tuple[bytes, dict[str, Any], Decision | None]:
+        """Prioritize's answer, its log details, and the decision to explain."""
         uid = _uid(req.args.pod)
         explain = self.explainer is not None and req.pod.gpus > 0 and uid is not None
         parts: dict[str, list[float]] | None = {} if explain else None
         array = score_array(
             req.pod, req.nodes, req.view, self.policies, self.cfg, parts, req.args.names
         )
-        if explain and self.explainer is not None and uid is not None and parts is not None:
-            self.explainer.remember(
-                decision(
-                    req.pod.namespace,
-                    req.pod.name,
-                    uid,
-                    req.pod.gpus,
-                    req.args.names,
-                    array,
-                    parts,
-                    self.cfg.weights,
-                    health=lambda i: _health(req.nodes.at(i)),
-                    note=self._group_note(req),
-                )
+        chosen = None
+        if explain and uid is not None and parts is not None:
+            chosen = decision(
+                req.pod.namespace,
+                req.pod.name,
+                uid,
+                req.pod.gpus,
+                req.args.names,
+                array,
+                parts,
+                self.cfg.weights,
+                health=lambda i: _health(req.nodes.at(i)),
+                note=self._group_note(req),
             )
         best = int(array.argmax()) if len(array) else None
         body = wire.host_priorities_json(req.args.names, array)
-        return body, {
+        details = {
             "best": req.args.names[best] if best is not None else None,
             "top": int(array[best]) if best is not None else None,
         }
+        return body, details, chosen
 
     def _group_note(self, req: _Request) -> Callable[[int], str | None] | None:
         """For a pod of a placement group already placed somewhere: the words for a
@@ -258,7 +288,9 @@ class Endpoints:
         self.guard = guard
 
     def serve(
-        self, verb: str, decide: Callable[[_Request], tuple[bytes, dict[str, Any]]]
+        self,
+        verb: str,
+        decide: Callable[[_Request], tuple[bytes, dict[str, Any], Callable[[], None] | None]],
     ) -> Response:
         started = time.perf_counter()
         refusal = self.guard.refusal(verb)
@@ -282,7 +314,7 @@ class Endpoints:
             if verb == "filter":
                 body |= wire.error_result("the request was malformed; see error")
             return json_response(body, 400)
-        payload, details = decide(req)
+        payload, details, then = decide(req)
         elapsed = time.perf_counter() - started
         metrics.LATENCY.labels(verb).observe(elapsed)
         metrics.REQUESTS.labels(verb, "200").inc()
@@ -301,7 +333,10 @@ class Endpoints:
                 "ms": round(elapsed * 1000, 3),
             },
         )
-        return Response(payload, mimetype="application/json")
+        response = Response(payload, mimetype="application/json")
+        if then is not None:  # run once the answer is written (gunicorn closes it then)
+            response.call_on_close(then)
+        return response
 
 
 def start_cluster_source(

@@ -62,3 +62,10 @@ PLACEMENT_EVENTS = Counter(
     "queue; failed: the API refused it; duplicate: another replica wrote it)",
     ["outcome"],
 )
+PREPARED = Counter(
+    "gpu_scheduler_extender_prepared_answers_total",
+    "Prioritize calls by what became of the answer prepared after the last filter "
+    "(used; stale: another pod, other names or a newer view; unfinished: still being "
+    "prepared or failed; absent: none prepared)",
+    ["outcome"],
+)

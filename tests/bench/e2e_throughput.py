@@ -131,6 +131,21 @@ def measure(cluster: Any, variant: str, config: dict[str, Any], pods: int) -> fl
     return (len(times) - 1) / span
 
 
+#: A line of the extender's /metrics: what became of prioritize's prepared answers.
+PREPARED = re.compile(
+    r'^gpu_scheduler_extender_prepared_answers_total\{outcome="(\w+)"\} ([0-9.e+]+)$', re.M
+)
+
+
+def prepared_counts(ops_port: int) -> dict[str, float]:
+    """The extender's prepared-answer counters, by outcome (extender/prepared.py)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{ops_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {outcome: float(value) for outcome, value in PREPARED.findall(text)}
+
+
 def wait_answering(url: str, timeout: float) -> None:
     """Until something answers HTTP at ``url`` (any status)."""
     import urllib.error
@@ -207,9 +222,15 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     )
                 name = f"{variant}-{round_}"
+                before = prepared_counts(stack.extender_ops_port)
                 runs[variant].append(measure(cluster, name, config, opts.pods))
+                after = prepared_counts(stack.extender_ops_port)
+                moved = {k: int(v - before.get(k, 0)) for k, v in after.items()}
+                moved = {k: v for k, v in moved.items() if v}
                 print(
-                    f"  {variant} (round {round_ + 1}): {runs[variant][-1]:.1f} pods/s", flush=True
+                    f"  {variant} (round {round_ + 1}): {runs[variant][-1]:.1f} pods/s"
+                    + (f"; prioritize's prepared answers: {moved}" if moved else ""),
+                    flush=True,
                 )
                 clear_pods(core, stack.extender_port)
     results = {v: statistics.median(rates) for v, rates in runs.items()}

@@ -1,0 +1,168 @@
+"""Prioritize's answer prepared after filter (extender/prepared.py): served only when
+the pod, the names and the view are the ones it was prepared from, and then byte for
+byte what prioritize would have computed."""
+
+from __future__ import annotations
+
+import pytest
+
+from extender import app as app_module
+from extender import metrics
+from extender.app import create_app
+from extender.explain import Explainer
+from extender.prepared import PreparedAnswers
+from tests.factories import make_node, make_pod
+from tests.fakeapi import synced_cache
+
+MODELS = ("NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB", "NVIDIA-L4")
+NAMES = [f"n{i:02d}" for i in range(24)]
+
+
+def body(pod, names):
+    return {"Pod": pod, "Nodes": None, "NodeNames": names}
+
+
+def used(outcome: str) -> float:
+    return metrics.PREPARED.labels(outcome)._value.get()
+
+
+@pytest.fixture
+def cluster():
+    nodes = [
+        make_node(name, 8, zone=f"z{i % 3}", product=MODELS[i % 3], memory_mib=40960)
+        for i, name in enumerate(NAMES)
+    ]
+    pods = [make_pod(f"r{i}", 1 + i % 7, node=NAMES[i % 24], phase="Running") for i in range(30)]
+    cache = synced_cache(nodes, pods, clock=lambda: 1_800_000_000.0)
+    remembered: list = []
+    explainer = Explainer(lambda b: None)
+    explainer.remember = remembered.append  # type: ignore[method-assign]
+    app = create_app(node_source="cluster", cache=cache, explainer=explainer)
+    # The same cache behind a second app that is only ever asked prioritize: what the
+    # answer is when nothing was prepared.
+    fresh = create_app(node_source="cluster", cache=cache)
+    yield app.test_client(), fresh.test_client(), cache, remembered
+    cache.stop()
+
+
+def post(client, verb, payload):
+    response = client.post(f"/{verb}", json=payload)
+    data = response.get_data()
+    response.close()  # what gunicorn does once the answer is written: runs call_on_close
+    assert response.status_code == 200, data[:300]
+    return data
+
+
+def filtered(client, pod, names=NAMES):
+    import orjson
+
+    return orjson.loads(post(client, "filter", body(pod, names)))["NodeNames"]
+
+
+def test_the_prepared_answer_is_used_and_is_the_computed_one(cluster):
+    client, fresh, _, remembered = cluster
+    pod = make_pod("p", 2)
+    passed = filtered(client, pod)
+    assert 2 <= len(passed) < len(NAMES)  # some nodes are too full: a real subset
+    assert remembered == []  # nothing is explained before prioritize is asked
+    before = used("used")
+    answer = post(client, "prioritize", body(pod, passed))
+    assert used("used") == before + 1
+    assert answer == post(fresh, "prioritize", body(pod, passed))
+    (decision,) = remembered  # explained once, when prioritize was asked
+    assert decision.name == "p" and decision.candidates == len(passed)
+    # Used once: asked again, the answer is computed (and the same).
+    assert post(client, "prioritize", body(pod, passed)) == answer
+    assert used("used") == before + 1
+
+
+def test_a_new_view_between_the_verbs_is_scored_afresh(cluster):
+    client, fresh, cache, _ = cluster
+    pod = make_pod("p", 2)
+    passed = filtered(client, pod)
+    # A binding arrives between filter and prioritize: the best node fills up.
+    best = max(
+        __import__("orjson").loads(post(fresh, "prioritize", body(pod, passed))),
+        key=lambda h: h["Score"],
+    )["Host"]
+    cache.pod_event("ADDED", make_pod("late", 1, node=best, phase="Running"))
+    stale = used("stale")
+    answer = post(client, "prioritize", body(pod, passed))
+    assert used("stale") == stale + 1
+    assert answer == post(fresh, "prioritize", body(pod, passed))
+
+
+@pytest.mark.parametrize("change", ["other names", "other order", "other pod"])
+def test_a_call_that_is_not_the_prepared_one_is_scored_afresh(cluster, change):
+    client, fresh, _, _ = cluster
+    pod = make_pod("p", 2)
+    passed = filtered(client, pod)
+    names = {"other names": passed[:-1], "other order": passed[::-1], "other pod": passed}[change]
+    asked = make_pod("q", 3) if change == "other pod" else pod
+    stale = used("stale")
+    answer = post(client, "prioritize", body(asked, names))
+    assert used("stale") == stale + 1
+    assert answer == post(fresh, "prioritize", body(asked, names))
+
+
+def test_a_failed_preparation_leaves_prioritize_to_compute_it(cluster, monkeypatch):
+    client, fresh, _, _ = cluster
+    pod = make_pod("p", 2)
+    real = app_module.Decider._score
+    calls = []
+
+    def score(self, req):
+        calls.append(len(req.args.names))
+        if len(calls) == 1:
+            raise RuntimeError("boom")  # the preparation
+        return real(self, req)
+
+    monkeypatch.setattr(app_module.Decider, "_score", score)
+    passed = filtered(client, pod)
+    unfinished = used("unfinished")
+    answer = post(client, "prioritize", body(pod, passed))
+    assert used("unfinished") == unfinished + 1 and len(calls) == 2
+    monkeypatch.setattr(app_module.Decider, "_score", real)
+    assert answer == post(fresh, "prioritize", body(pod, passed))
+
+
+def test_nothing_is_prepared_for_one_node_node_objects_or_a_pod_in_error(cluster, monkeypatch):
+    client, _, _, _ = cluster
+    calls = []
+    real = app_module.Decider._score
+    monkeypatch.setattr(
+        app_module.Decider, "_score", lambda self, req: calls.append(1) or real(self, req)
+    )
+    assert filtered(client, make_pod("p", 2), NAMES[:1]) in ([NAMES[0]], [])
+    bad = make_pod("bad", 1)
+    resources = bad["spec"]["containers"][0]["resources"]
+    resources["requests"]["nvidia.com/gpu"] = resources["limits"]["nvidia.com/gpu"] = "1e999999"
+    assert filtered(client, bad) == []
+    # Node objects in the request: prioritize judges those, not the cache's rows.
+    objects = {"Pod": make_pod("p", 1), "Nodes": {"items": [make_node(n, 8) for n in NAMES[:3]]}}
+    response = client.post("/filter", json=objects)
+    assert len(response.get_json()["Nodes"]["items"]) >= 2  # enough to be scored
+    response.close()
+    assert calls == []
+
+
+def test_prioritize_waits_briefly_for_a_preparation_in_progress():
+    import threading
+
+    answers = PreparedAnswers(wait=5)
+    pod, view, names = object(), object(), ["a", "b"]
+    entry = answers.begin(pod, names, view)
+    got = []
+    taker = threading.Thread(target=lambda: got.append(answers.take(pod, list(names), view)))
+    taker.start()
+    answers.finish(entry, "answer")
+    taker.join(5)
+    assert got == ["answer"]
+    assert answers.take(pod, names, view) is None  # used once
+
+
+def test_a_preparation_not_finished_in_time_is_not_waited_for():
+    answers = PreparedAnswers(wait=0.01)
+    pod, view = object(), object()
+    answers.begin(pod, ["a", "b"], view)
+    assert answers.take(pod, ["a", "b"], view) is None
