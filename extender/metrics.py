@@ -65,7 +65,8 @@ PLACEMENT_EVENTS = Counter(
 PREPARED = Counter(
     "gpu_scheduler_extender_prepared_answers_total",
     "Prioritize calls by what became of the answer prepared after the last filter "
-    "(used; stale: another pod, other names or a newer view; unfinished: still being "
+    "(used; used-older-view: used, scored on filter's view where a newer one exists; "
+    "stale: another pod, other names, or over a second old; unfinished: still being "
     "prepared or failed; absent: none prepared)",
     ["outcome"],
 )

@@ -7,23 +7,27 @@ the names filter passed, in filter's order (``findNodesThatPassExtenders`` and
 skips scoring altogether). Prioritize's answer depends only on the pod, those names
 and the extender's view, so the extender computes it as soon as filter's answer is
 on the wire, in the same request thread, while kube-scheduler is busy with its
-plugins; prioritize then serves it if nothing it depends on changed:
+plugins, and prioritize serves it when it is the same call:
 
 - the same pod facts (the Decider hands out the same facts object only for a Pod
   equal to the one it read them from),
 - equal names, in the same order,
-- the same view object (any watch event that changes the view makes a new one; then
-  prioritize computes afresh from the new view, exactly as it would without this).
+- prepared at most :data:`MAX_AGE` seconds ago.
 
-So the answer is byte for byte the one prioritize would compute; only where the work
-happens moves. One preparation is held at a time (kube-scheduler's scheduling cycle
-is serial, and each filter call replaces the last preparation).
+It is scored on the view filter decided on, even where a watch event has made a newer
+one since (a binding of an earlier pod, typically): kube-scheduler itself filters and
+scores one cycle on one snapshot of its cache, taken when the cycle starts, and the
+extender's cycle does the same. Where the view did not change the answer is byte for
+byte what prioritize would compute; where it did, it is what prioritize would have
+computed a few milliseconds earlier. One preparation is held at a time
+(kube-scheduler's scheduling cycle is serial; each filter call replaces the last).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from extender import metrics
@@ -32,13 +36,16 @@ from extender import metrics
 #: (kube-scheduler sent prioritize on another connection while the filter's thread
 #: was still preparing), before it computes the answer itself.
 WAIT = 0.05
+#: Seconds after which a preparation is no longer this cycle's (a scheduling cycle
+#: takes milliseconds; the view itself is rebuilt at least this often).
+MAX_AGE = 1.0
 
 
 class _Entry:
-    __slots__ = ("answer", "done", "names", "pod", "view")
+    __slots__ = ("answer", "done", "names", "pod", "time", "view")
 
-    def __init__(self, pod: object, names: Sequence[str], view: object) -> None:
-        self.pod, self.names, self.view = pod, names, view
+    def __init__(self, pod: object, names: Sequence[str], view: object, now: float) -> None:
+        self.pod, self.names, self.view, self.time = pod, names, view, now
         self.done = threading.Event()
         self.answer: Any = None
 
@@ -46,12 +53,13 @@ class _Entry:
 class PreparedAnswers:
     """The one answer prepared after the last filter call, and who may take it."""
 
-    def __init__(self, wait: float = WAIT) -> None:
+    def __init__(self, wait: float = WAIT, clock: Callable[[], float] = time.monotonic) -> None:
         self._entry: _Entry | None = None
         self._wait = wait
+        self._clock = clock
 
     def begin(self, pod: object, names: Sequence[str], view: object) -> _Entry:
-        entry = _Entry(pod, names, view)
+        entry = _Entry(pod, names, view, self._clock())
         self._entry = entry
         return entry
 
@@ -62,12 +70,13 @@ class PreparedAnswers:
         entry.done.set()
 
     def take(self, pod: object, names: Sequence[str], view: object) -> Any:
-        """The answer prepared for exactly this call, or None. Each is used once."""
+        """The answer prepared for this call, or None. Each is used once. ``view``:
+        the view now, only to count whether the answer's is older."""
         entry = self._entry
         if entry is None:
             metrics.PREPARED.labels("absent").inc()
             return None
-        if entry.pod is not pod or entry.view is not view or entry.names != names:
+        if entry.pod is not pod or entry.names != names or self._clock() - entry.time > MAX_AGE:
             metrics.PREPARED.labels("stale").inc()
             return None
         if not entry.done.wait(self._wait) or entry.answer is None:
@@ -75,5 +84,5 @@ class PreparedAnswers:
             return None
         if self._entry is entry:
             self._entry = None
-        metrics.PREPARED.labels("used").inc()
+        metrics.PREPARED.labels("used" if entry.view is view else "used-older-view").inc()
         return entry.answer

@@ -1,6 +1,6 @@
-"""Prioritize's answer prepared after filter (extender/prepared.py): served only when
-the pod, the names and the view are the ones it was prepared from, and then byte for
-byte what prioritize would have computed."""
+"""Prioritize's answer prepared after filter (extender/prepared.py): served only to
+the call it was prepared for (the same pod, the same names, within a second), scored
+on the view filter decided on, and byte for byte what prioritize computes there."""
 
 from __future__ import annotations
 
@@ -76,20 +76,24 @@ def test_the_prepared_answer_is_used_and_is_the_computed_one(cluster):
     assert used("used") == before + 1
 
 
-def test_a_new_view_between_the_verbs_is_scored_afresh(cluster):
+def test_the_cycle_is_scored_on_the_view_filter_decided_on(cluster):
+    """A binding that lands between the verbs makes a newer view; prioritize answers
+    from filter's, as kube-scheduler scores a cycle on the snapshot it filtered on."""
+    import orjson
+
     client, fresh, cache, _ = cluster
     pod = make_pod("p", 2)
     passed = filtered(client, pod)
-    # A binding arrives between filter and prioritize: the best node fills up.
-    best = max(
-        __import__("orjson").loads(post(fresh, "prioritize", body(pod, passed))),
-        key=lambda h: h["Score"],
-    )["Host"]
-    cache.pod_event("ADDED", make_pod("late", 1, node=best, phase="Running"))
-    stale = used("stale")
-    answer = post(client, "prioritize", body(pod, passed))
-    assert used("stale") == stale + 1
-    assert answer == post(fresh, "prioritize", body(pod, passed))
+    on_filters_view = post(fresh, "prioritize", body(pod, passed))
+    best = max(orjson.loads(on_filters_view), key=lambda h: h["Score"])["Host"]
+    cache.pod_event("ADDED", make_pod("late", 5, node=best, phase="Running"))
+    on_the_newer_view = post(fresh, "prioritize", body(pod, passed))
+    assert on_the_newer_view != on_filters_view  # the binding moved the scores
+    older = used("used-older-view")
+    assert post(client, "prioritize", body(pod, passed)) == on_filters_view
+    assert used("used-older-view") == older + 1
+    # Asked again (a new call, nothing prepared for it): the newer view.
+    assert post(client, "prioritize", body(pod, passed)) == on_the_newer_view
 
 
 @pytest.mark.parametrize("change", ["other names", "other order", "other pod"])
@@ -159,6 +163,18 @@ def test_prioritize_waits_briefly_for_a_preparation_in_progress():
     taker.join(5)
     assert got == ["answer"]
     assert answers.take(pod, names, view) is None  # used once
+
+
+def test_a_preparation_over_a_second_old_is_not_this_cycle():
+    now = [100.0]
+    answers = PreparedAnswers(clock=lambda: now[0])
+    pod, view = object(), object()
+    answers.finish(answers.begin(pod, ["a", "b"], view), "answer")
+    now[0] += 1.5
+    assert answers.take(pod, ["a", "b"], view) is None
+    answers.finish(answers.begin(pod, ["a", "b"], view), "again")
+    now[0] += 0.5
+    assert answers.take(pod, ["a", "b"], view) == "again"
 
 
 def test_a_preparation_not_finished_in_time_is_not_waited_for():
