@@ -133,7 +133,7 @@ def measure(cluster: Any, variant: str, config: dict[str, Any], pods: int) -> fl
 
 #: A line of the extender's /metrics: what became of prioritize's prepared answers.
 PREPARED = re.compile(
-    r'^gpu_scheduler_extender_prepared_answers_total\{outcome="(\w+)"\} ([0-9.e+]+)$', re.M
+    r'^gpu_scheduler_extender_prepared_answers_total\{outcome="([\w-]+)"\} ([0-9.e+]+)$', re.M
 )
 
 

@@ -45,3 +45,15 @@ def test_binding_times_come_from_kube_schedulers_own_log():
     assert len(times) == 2
     assert abs(times[1] - times[0] - 0.5) < 1e-6
     assert abs(times[0] - (18 * 3600 + 53 * 60 + 23.780232)) < 1e-6
+
+
+def test_the_prepared_answer_counters_are_read_by_outcome():
+    from tests.bench.e2e_throughput import PREPARED
+
+    text = (
+        "# HELP gpu_scheduler_extender_prepared_answers_total ...\n"
+        'gpu_scheduler_extender_prepared_answers_total{outcome="used"} 414.0\n'
+        'gpu_scheduler_extender_prepared_answers_total{outcome="used-older-view"} 586.0\n'
+        'gpu_scheduler_extender_prepared_answers_created{outcome="used"} 1.7e+09\n'
+    )
+    assert dict(PREPARED.findall(text)) == {"used": "414.0", "used-older-view": "586.0"}
