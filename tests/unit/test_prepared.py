@@ -76,7 +76,7 @@ def test_the_prepared_answer_is_used_and_is_the_computed_one(cluster):
     assert used("used") == before + 1
 
 
-def test_the_cycle_is_scored_on_the_view_filter_decided_on(cluster):
+def test_the_cycle_is_scored_on_the_view_filter_decided_on(cluster, caplog):
     """A binding that lands between the verbs makes a newer view; prioritize answers
     from filter's, as kube-scheduler scores a cycle on the snapshot it filtered on."""
     import orjson
@@ -90,8 +90,12 @@ def test_the_cycle_is_scored_on_the_view_filter_decided_on(cluster):
     on_the_newer_view = post(fresh, "prioritize", body(pod, passed))
     assert on_the_newer_view != on_filters_view  # the binding moved the scores
     older = used("used-older-view")
-    assert post(client, "prioritize", body(pod, passed)) == on_filters_view
+    scored_on = cache.view().pods - 1  # filter's view: without the late binding
+    with caplog.at_level("INFO", logger="extender"):
+        assert post(client, "prioritize", body(pod, passed)) == on_filters_view
     assert used("used-older-view") == older + 1
+    (line,) = [r for r in caplog.records if r.getMessage() == "prioritize"]
+    assert line.prepared is True and line.view_pods == scored_on  # the view it scored on
     # Asked again (a new call, nothing prepared for it): the newer view.
     assert post(client, "prioritize", body(pod, passed)) == on_the_newer_view
 
