@@ -166,10 +166,8 @@ class Decider:
         try:
             args = wire.ExtenderArgs(req.args.pod, None, passed)
             answer = self._score(_Request(args, req.pod, req.view.candidates(passed), req.view))
-            # prioritize's log line says what the preparation took, off its path, and
-            # the view it scored on (filter's)
+            # prioritize's log line says what the preparation took, off its path
             answer[1]["prepared_ms"] = round((time.perf_counter() - started) * 1000, 3)
-            answer[1]["view_pods"] = req.view.pods
         except Exception:  # the call itself will compute it, and fail or not, itself
             log.exception("preparing prioritize's answer failed")
         self.prepared.finish(entry, answer)
@@ -208,6 +206,7 @@ class Decider:
         details = {
             "best": req.args.names[best] if best is not None else None,
             "top": int(array[best]) if best is not None else None,
+            "view_pods": req.view.pods,  # the view scored on (a prepared answer: filter's)
         }
         return body, details, chosen
 
@@ -329,8 +328,8 @@ class Endpoints:
                 "pod_error": req.pod.error,
                 "view_age_s": None if req.view.age is None else round(req.view.age, 1),
                 # bound pods the view holds (cluster mode): what a bench compares with
-                # the bindings the API server had made, to see the view's lag. A
-                # prepared answer's details name the view it was scored on instead.
+                # the bindings the API server had made, to see the view's lag
+                # (prioritize's details name the view its answer was scored on)
                 "view_pods": req.view.pods,
                 "ms": round(elapsed * 1000, 3),
                 **details,

@@ -131,19 +131,28 @@ def measure(cluster: Any, variant: str, config: dict[str, Any], pods: int) -> fl
     return (len(times) - 1) / span
 
 
-#: A line of the extender's /metrics: what became of prioritize's prepared answers.
-PREPARED = re.compile(
-    r'^gpu_scheduler_extender_prepared_answers_total\{outcome="([\w-]+)"\} ([0-9.e+]+)$', re.M
-)
+#: The extender's counter of what became of prioritize's prepared answers.
+PREPARED = "gpu_scheduler_extender_prepared_answers_total"
+
+
+def prepared_in(text: str) -> dict[str, float]:
+    """The prepared-answer counters in a /metrics text, by outcome (extender/prepared.py)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == PREPARED
+    }
 
 
 def prepared_counts(ops_port: int) -> dict[str, float]:
-    """The extender's prepared-answer counters, by outcome (extender/prepared.py)."""
+    """The extender's prepared-answer counters, read from its ops port."""
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{ops_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {outcome: float(value) for outcome, value in PREPARED.findall(text)}
+        return prepared_in(r.read().decode())
 
 
 def wait_answering(url: str, timeout: float) -> None:

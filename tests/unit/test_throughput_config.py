@@ -48,7 +48,7 @@ def test_binding_times_come_from_kube_schedulers_own_log():
 
 
 def test_the_prepared_answer_counters_are_read_by_outcome():
-    from tests.bench.e2e_throughput import PREPARED
+    from tests.bench.e2e_throughput import prepared_in
 
     text = (
         "# HELP gpu_scheduler_extender_prepared_answers_total ...\n"
@@ -56,4 +56,4 @@ def test_the_prepared_answer_counters_are_read_by_outcome():
         'gpu_scheduler_extender_prepared_answers_total{outcome="used-older-view"} 586.0\n'
         'gpu_scheduler_extender_prepared_answers_created{outcome="used"} 1.7e+09\n'
     )
-    assert dict(PREPARED.findall(text)) == {"used": "414.0", "used-older-view": "586.0"}
+    assert prepared_in(text) == {"used": 414.0, "used-older-view": 586.0}
