@@ -55,14 +55,37 @@ UNECHOABLE = (
 )
 
 
-@dataclass
 class _Request:
-    """One extender call, parsed: the candidates in order with their facts."""
+    """One extender call, parsed: the candidates in order with their facts.
 
-    args: wire.ExtenderArgs
-    pod: PodFacts
-    nodes: Candidates
-    view: View
+    Names sent without Node objects are looked up in the view when ``nodes`` is first
+    read (a prepared prioritize answer is served without it); a malformed name is
+    :class:`BadInput` then."""
+
+    __slots__ = ("_nodes", "args", "pod", "view")
+
+    def __init__(
+        self, args: wire.ExtenderArgs, pod: PodFacts, view: View, nodes: Candidates | None = None
+    ) -> None:
+        self.args, self.pod, self.view, self._nodes = args, pod, view, nodes
+
+    @property
+    def nodes(self) -> Candidates:
+        if self._nodes is None:
+            self._nodes = _lookup(self.view, self.args.names)
+        return self._nodes
+
+
+def _lookup(view: View, names: list[str]) -> Candidates:
+    """The view's rows for these names, in order (cluster mode)."""
+    try:
+        batch = view.candidates(names)
+    except TypeError:  # an element that cannot even be hashed is no node name
+        wire.check_names_field(names)
+        raise
+    if not batch.distinct:  # some are not known, or one repeats: check them all
+        wire.check_names_field(names)
+    return batch
 
 
 class Decider:
@@ -100,21 +123,14 @@ class Decider:
         view = self.cache.view() if self.cache is not None else args_view()
         if args.nodes is not None:
             facts = [node_facts(node, self.cfg.group_levels) for node in args.nodes]
-            return _Request(args, pod, candidates_of(args.names, facts, view), view)
+            return _Request(args, pod, view, candidates_of(args.names, facts, view))
         if self.cache is None:
             raise BadInput(
                 "NodeNames sent, but this extender runs with --node-source args: set "
                 "nodeCacheCapable: false in the scheduler's extender config, or run "
                 "the extender with --node-source cluster"
             )
-        try:
-            batch = view.candidates(args.names)
-        except TypeError:  # an element that cannot even be hashed is no node name
-            wire.check_names_field(args.names)
-            raise
-        if not batch.distinct:  # some are not known, or one repeats: check them all
-            wire.check_names_field(args.names)
-        return _Request(args, pod, batch, view)
+        return _Request(args, pod, view)  # the names are looked up when first read
 
     def filter(self, req: _Request) -> tuple[bytes, dict[str, Any], Callable[[], None] | None]:
         outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
@@ -165,7 +181,7 @@ class Decider:
         answer = None
         try:
             args = wire.ExtenderArgs(req.args.pod, None, passed)
-            answer = self._score(_Request(args, req.pod, req.view.candidates(passed), req.view))
+            answer = self._score(_Request(args, req.pod, req.view, req.view.candidates(passed)))
             # prioritize's log line says what the preparation took, off its path
             answer[1]["prepared_ms"] = round((time.perf_counter() - started) * 1000, 3)
         except Exception:  # the call itself will compute it, and fail or not, itself
@@ -173,11 +189,21 @@ class Decider:
         self.prepared.finish(entry, answer)
 
     def prioritize(self, req: _Request) -> tuple[bytes, dict[str, Any], None]:
-        answer = self.prepared.take(req.pod, req.args.names, req.view)
-        body, details, chosen = answer if answer is not None else self._score(req)
+        taken = self.prepared.take(req.pod, req.args.names, req.view)
+        if taken is None:
+            body, details, chosen = self._score(req)
+            details["prepared"] = False
+        else:
+            body, details, chosen = taken.answer
+            details |= {
+                "prepared": True,
+                # how long after filter's answer this call came, and waited for it
+                "prepared_after_ms": round(taken.after * 1000, 3),
+                "prepared_wait_ms": round(taken.waited * 1000, 3),
+            }
         if chosen is not None and self.explainer is not None:
             self.explainer.remember(chosen)
-        return body, details | {"prepared": answer is not None}, None
+        return body, details, None
 
     def _score(self, req: _Request) -> tuple[bytes, dict[str, Any], Decision | None]:
         """Prioritize's answer, its log details, and the decision to explain."""
@@ -308,6 +334,7 @@ class Endpoints:
             return json_response({"error": message}, 503)
         try:
             req = self.decider.parse(read_json_body(self.decider.cfg.max_body_bytes))
+            payload, details, then = decide(req)
         except BadInput as exc:
             metrics.REQUESTS.labels(verb, "400").inc()
             log.info("bad extender call", extra={"verb": verb, "error": str(exc)})
@@ -315,7 +342,6 @@ class Endpoints:
             if verb == "filter":
                 body |= wire.error_result("the request was malformed; see error")
             return json_response(body, 400)
-        payload, details, then = decide(req)
         elapsed = time.perf_counter() - started
         metrics.LATENCY.labels(verb).observe(elapsed)
         metrics.REQUESTS.labels(verb, "200").inc()

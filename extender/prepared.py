@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from extender import metrics
 
@@ -69,14 +69,15 @@ class PreparedAnswers:
         entry.answer = answer
         entry.done.set()
 
-    def take(self, pod: object, names: Sequence[str], view: object) -> Any:
+    def take(self, pod: object, names: Sequence[str], view: object) -> Taken | None:
         """The answer prepared for this call, or None. Each is used once. ``view``:
         the view now, only to count whether the answer's is older."""
         entry = self._entry
         if entry is None:
             metrics.PREPARED.labels("absent").inc()
             return None
-        if entry.pod is not pod or entry.names != names or self._clock() - entry.time > MAX_AGE:
+        now = self._clock()
+        if entry.pod is not pod or entry.names != names or now - entry.time > MAX_AGE:
             metrics.PREPARED.labels("stale").inc()
             return None
         if not entry.done.wait(self._wait) or entry.answer is None:
@@ -85,4 +86,15 @@ class PreparedAnswers:
         if self._entry is entry:
             self._entry = None
         metrics.PREPARED.labels("used" if entry.view is view else "used-older-view").inc()
-        return entry.answer
+        return Taken(entry.answer, now - entry.time, self._clock() - now)
+
+
+class Taken(NamedTuple):
+    """A prepared answer, with when its call came: ``after`` seconds after filter's
+    answer was written (the gap kube-scheduler's own plugins took, plus the call's
+    parse), and ``waited`` seconds for the preparation to finish (0 when it already
+    had: the answer cost prioritize nothing but the lookup)."""
+
+    answer: Any
+    after: float
+    waited: float

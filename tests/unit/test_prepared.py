@@ -96,6 +96,8 @@ def test_the_cycle_is_scored_on_the_view_filter_decided_on(cluster, caplog):
     assert used("used-older-view") == older + 1
     (line,) = [r for r in caplog.records if r.getMessage() == "prioritize"]
     assert line.prepared is True and line.view_pods == scored_on  # the view it scored on
+    # when the call came after filter's answer, and how long it waited (none: done)
+    assert line.prepared_after_ms > 0 and line.prepared_wait_ms >= 0 and line.prepared_ms > 0
     # Asked again (a new call, nothing prepared for it): the newer view.
     assert post(client, "prioritize", body(pod, passed)) == on_the_newer_view
 
@@ -165,7 +167,8 @@ def test_prioritize_waits_briefly_for_a_preparation_in_progress():
     taker.start()
     answers.finish(entry, "answer")
     taker.join(5)
-    assert got == ["answer"]
+    (taken,) = got
+    assert taken.answer == "answer" and 0 <= taken.waited < 5 and 0 <= taken.after < 5
     assert answers.take(pod, names, view) is None  # used once
 
 
@@ -178,7 +181,8 @@ def test_a_preparation_over_a_second_old_is_not_this_cycle():
     assert answers.take(pod, ["a", "b"], view) is None
     answers.finish(answers.begin(pod, ["a", "b"], view), "again")
     now[0] += 0.5
-    assert answers.take(pod, ["a", "b"], view) == "again"
+    # came half a second after filter's answer; it was ready: no wait
+    assert answers.take(pod, ["a", "b"], view) == ("again", 0.5, 0.0)
 
 
 def test_a_preparation_not_finished_in_time_is_not_waited_for():
@@ -186,3 +190,24 @@ def test_a_preparation_not_finished_in_time_is_not_waited_for():
     pod, view = object(), object()
     answers.begin(pod, ["a", "b"], view)
     assert answers.take(pod, ["a", "b"], view) is None
+
+
+def test_a_prepared_answer_is_served_without_looking_the_names_up(cluster, monkeypatch):
+    """On a hit the names are filter's own (already checked against its view): the
+    lookup into the view's rows is skipped; on a miss it is made, and a malformed
+    name is still a 400."""
+    from extender.view import View
+
+    client, _, _, _ = cluster
+    pod = make_pod("p", 2)
+    passed = filtered(client, pod)
+    lookups: list[int] = []
+    real = View.candidates
+    monkeypatch.setattr(View, "candidates", lambda v, n: lookups.append(len(n)) or real(v, n))
+    before = used("used")
+    post(client, "prioritize", body(pod, passed))
+    assert used("used") == before + 1 and lookups == []
+    post(client, "prioritize", body(pod, passed))  # used once: now computed
+    assert lookups == [len(passed)]
+    response = client.post("/prioritize", json=body(pod, [*passed, 7]))
+    assert response.status_code == 400 and "NodeNames" in response.get_json()["error"]
