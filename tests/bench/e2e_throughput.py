@@ -39,6 +39,7 @@ from gpu_scheduler import contract  # noqa: E402
 from lab.kubelet_shim import node_object  # noqa: E402
 from lab.processes import free_port  # noqa: E402
 from lab.stack import bare_stack, scheduler_config  # noqa: E402
+from tests.bench import proc_cpu  # noqa: E402
 from tests.bench.extender_bench import BARE_APP, BARE_ON_OUR_SERVER  # noqa: E402
 from tests.bench.trace_runners import NAMESPACE, clear_pods  # noqa: E402
 from tests.helpers import running  # noqa: E402
@@ -113,22 +114,37 @@ def binding_times(log: str) -> list[float]:
     return times
 
 
-def measure(cluster: Any, variant: str, config: dict[str, Any], pods: int) -> float:
+def measure(cluster: Any, variant: str, config: dict[str, Any], pods: int) -> tuple[float, Any]:
     """Bindings per second, first to last, of ``pods`` pods made for ``variant``, from
-    kube-scheduler's own log (its timestamps; no watch of ours to fall behind)."""
+    kube-scheduler's own log (its timestamps; no watch of ours to fall behind), and
+    the CPU each component spent from about the first binding to the last
+    (tests/bench/proc_cpu.py; the log is read as it grows, every 50 ms)."""
     proc = cluster.start_scheduler(f"scheduler-{variant}", config)
     deadline = time.monotonic() + 900
-    times: list[float] = []
+    seen, offset, tail = 0, 0, b""
+    first: tuple[int, proc_cpu.Snapshot] | None = None
+    last: tuple[int, proc_cpu.Snapshot] | None = None
     while time.monotonic() < deadline:
-        times = binding_times(proc.log_path.read_text(errors="replace"))
-        if len(times) >= pods:
+        with proc.log_path.open("rb") as log:
+            log.seek(offset)
+            chunk = log.read()
+        offset += len(chunk)
+        lines = (tail + chunk).split(b"\n")
+        tail = lines.pop()
+        seen += len(binding_times(b"\n".join(lines).decode(errors="replace")))
+        if seen and first is None:
+            first = (seen, proc_cpu.snapshot())
+        if seen >= pods:
+            last = (seen, proc_cpu.snapshot())
             break
-        time.sleep(0.5)
+        time.sleep(0.05)
     cluster.stop_process(proc.name)
-    if len(times) < pods:
+    times = binding_times(proc.log_path.read_text(errors="replace"))
+    if len(times) < pods or first is None or last is None:
         raise RuntimeError(f"{variant}: only {len(times)} of {pods} pods bound")
     span = (times[-1] - times[0]) % 86400  # a run across midnight
-    return (len(times) - 1) / span
+    spent = proc_cpu.per_item_ms(last[1].minus(first[1]), max(1, last[0] - first[0]))
+    return (len(times) - 1) / span, spent
 
 
 #: The extender's counter of what became of prioritize's prepared answers.
@@ -153,6 +169,50 @@ def prepared_counts(ops_port: int) -> dict[str, float]:
 
     with urllib.request.urlopen(f"http://127.0.0.1:{ops_port}/metrics", timeout=10) as r:
         return prepared_in(r.read().decode())
+
+
+#: Fields of the extender's per-call log line whose medians a round reports.
+TIMINGS = ("ms", "prepared_after_ms", "prepared_wait_ms", "prepared_ms")
+
+
+def handler_timings(lines: list[str]) -> dict[str, dict[str, float]]:
+    """Per verb, the medians of the handler's own timings in the extender's JSON log
+    lines (``ms``: the call's time in the handler; for a prepared prioritize answer,
+    how long after filter's answer the call came, how long it waited for the
+    preparation, and how long the preparation took)."""
+    import orjson
+
+    seen: dict[str, dict[str, list[float]]] = {}
+    for line in lines:
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        verb = record.get("msg") if isinstance(record, dict) else None
+        if verb not in ("filter", "prioritize"):
+            continue
+        for key in TIMINGS:
+            if isinstance(record.get(key), int | float):
+                seen.setdefault(verb, {}).setdefault(key, []).append(record[key])
+    return {
+        verb: {key: statistics.median(values) for key, values in fields.items()}
+        for verb, fields in seen.items()
+    }
+
+
+def handler_line(log: Path, offset: int) -> str:
+    """The round's handler timings (what the extender logged since ``offset``), as a
+    line of the bench's output, or nothing where the extender was not asked."""
+    with log.open("rb") as f:
+        f.seek(offset)
+        lines = f.read().decode(errors="replace").splitlines()
+    timings = handler_timings(lines)
+    if not timings:
+        return ""
+    return "\n    handler medians, ms: " + "; ".join(
+        f"{verb} " + ", ".join(f"{k} {v:.3f}" for k, v in fields.items())
+        for verb, fields in timings.items()
+    )
 
 
 def wait_answering(url: str, timeout: float) -> None:
@@ -211,12 +271,13 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda i: core.create_node(gpu_node(f"n-{i:05d}")), range(opts.nodes)))
         print(f"created {opts.nodes} nodes in {time.monotonic() - started:.0f} s", flush=True)
-        stack.start_extender()
+        extender_log = stack.start_extender().log_path
         (work / "bare.py").write_text(BARE_APP + BARE_ON_OUR_SERVER)
         bare_port = free_port()
         bare_cmd = [sys.executable, str(work / "bare.py"), str(bare_port), "4"]
         ours = f"http://127.0.0.1:{stack.extender_port}"
         runs: dict[str, list[float]] = {v: [] for v in variants}
+        cpu: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
         with running(bare_cmd, work / "bare.log", env={"PYTHONPATH": str(ROOT)}):
             wait_answering(f"http://127.0.0.1:{bare_port}/", 30)
             for round_, variant in ((r, v) for r in range(opts.rounds) for v in variants):
@@ -232,13 +293,22 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 name = f"{variant}-{round_}"
                 before = prepared_counts(stack.extender_ops_port)
-                runs[variant].append(measure(cluster, name, config, opts.pods))
+                log_offset = extender_log.stat().st_size
+                rate, spent = measure(cluster, name, config, opts.pods)
+                runs[variant].append(rate)
+                cpu[variant].append(spent)
                 after = prepared_counts(stack.extender_ops_port)
                 moved = {k: int(v - before.get(k, 0)) for k, v in after.items()}
                 moved = {k: v for k, v in moved.items() if v}
                 print(
-                    f"  {variant} (round {round_ + 1}): {runs[variant][-1]:.1f} pods/s"
-                    + (f"; prioritize's prepared answers: {moved}" if moved else ""),
+                    f"  {variant} (round {round_ + 1}): {rate:.1f} pods/s"
+                    + (f"; prioritize's prepared answers: {moved}" if moved else "")
+                    + handler_line(extender_log, log_offset)
+                    + "\n    CPU ms a pod: "
+                    + ", ".join(
+                        f"{k} {v:.0%}" if k == "machine busy" else f"{k} {v:.2f}"
+                        for k, v in spent.items()
+                    ),
                     flush=True,
                 )
                 clear_pods(core, stack.extender_port)
@@ -250,7 +320,33 @@ def main(argv: list[str] | None = None) -> int:
             "\nevery round (pods/s): "
             + "; ".join(f"{v} {', '.join(f'{r:.1f}' for r in rates)}" for v, rates in runs.items())
         )
+    print()
+    print(cpu_table(cpu))
     return 0
+
+
+def cpu_table(cpu: dict[str, list[dict[str, float]]]) -> str:
+    """CPU milliseconds a pod by component and variant (medians of the rounds), and
+    how busy the machine was: what each variant's pods cost the shared cores."""
+    seen = {k for rounds in cpu.values() for r in rounds for k in r}
+    components = sorted(seen - {"machine busy"})
+    rows = [
+        "CPU ms a pod, first binding to last (medians of the rounds)",
+        "",
+        "| variant | " + " | ".join(components) + " | all of these | machine busy |",
+        "|---|" + "---:|" * (len(components) + 2),
+    ]
+    for variant, rounds in cpu.items():
+        if not rounds:
+            continue
+        cells = [statistics.median(r.get(k, 0.0) for r in rounds) for k in components]
+        busy = statistics.median(r.get("machine busy", 0.0) for r in rounds)
+        rows.append(
+            f"| {variant} | "
+            + " | ".join(f"{c:.2f}" for c in cells)
+            + f" | {sum(cells):.2f} | {busy:.0%} |"
+        )
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

@@ -57,3 +57,34 @@ def test_the_prepared_answer_counters_are_read_by_outcome():
         'gpu_scheduler_extender_prepared_answers_created{outcome="used"} 1.7e+09\n'
     )
     assert prepared_in(text) == {"used": 414.0, "used-older-view": 586.0}
+
+
+def test_the_handlers_own_timings_are_read_from_the_extenders_log(tmp_path):
+    from tests.bench.e2e_throughput import handler_line, handler_timings
+
+    lines = [
+        '{"ts":"t","level":"info","logger":"extender","msg":"filter","ms":0.3}',
+        '{"ts":"t","level":"info","logger":"extender","msg":"filter","ms":0.5}',
+        '{"ts":"t","level":"info","logger":"extender","msg":"filter","ms":0.7}',
+        '{"msg":"prioritize","ms":0.1,"prepared":true,"prepared_after_ms":2.0,'
+        '"prepared_wait_ms":0.0,"prepared_ms":0.4}',
+        '{"msg":"prioritize","ms":0.9,"prepared":false}',
+        '{"msg":"bad extender call","ms":9}',
+        "not json",
+        '{"msg":"filter","ms":"x"}',
+    ]
+    timings = handler_timings(lines)
+    assert timings["filter"] == {"ms": 0.5}
+    assert timings["prioritize"] == {
+        "ms": 0.5,
+        "prepared_after_ms": 2.0,
+        "prepared_wait_ms": 0.0,
+        "prepared_ms": 0.4,
+    }
+    log = tmp_path / "extender.log"
+    log.write_text("\n".join(lines[:3]) + "\n")
+    offset = log.stat().st_size
+    assert handler_line(log, offset) == ""  # nothing logged since
+    with log.open("a") as f:
+        f.write(lines[3] + "\n")
+    assert "prioritize ms 0.100, prepared_after_ms 2.000" in handler_line(log, offset)
