@@ -17,75 +17,36 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from flask import Flask, Response, request
+from flask import Flask
 
 from extender import metrics, wire
 from extender.cache import ClusterCache
-from extender.columns import Candidates
 from extender.config import ExtenderConfig, load_config
+from extender.endpoints import Call, Endpoints, VerbGuard
 from extender.engine import FilterOutcome, candidates_of, filter_nodes, score_array
 from extender.explain import Decision, Explainer, decision, only_fit
 from extender.model import NodeFacts, PodFacts, node_facts, pod_facts
 from extender.policies import Policy, build_policies
 from extender.policies.group import group_state
 from extender.prepared import PreparedAnswers
-from extender.view import View, args_view
+from extender.view import args_view
 from gpu_scheduler import contract
 from gpu_scheduler.http import (
     BadInput,
     install_ops_endpoints,
-    json_error,
-    json_response,
-    read_json_body,
 )
-from gpu_scheduler.worker import CLIENT_CERT_KEY, TLS_KEY
 
 log = logging.getLogger("extender")
 
 #: The interpreter's thread switch interval in a cluster-mode worker (seconds).
 SWITCH_INTERVAL = 0.001
-NOT_SYNCED = "the extender's cluster cache has not synced yet, retry shortly: "
 UNECHOABLE = (
     "the Node object nests too deep for the extender to send it back "
     "(orjson's limit is 255 levels); it cannot be placed through this extender"
 )
-
-
-class _Request:
-    """One extender call, parsed: the candidates in order with their facts.
-
-    Names sent without Node objects are looked up in the view when ``nodes`` is first
-    read (a prepared prioritize answer is served without it); a malformed name is
-    :class:`BadInput` then."""
-
-    __slots__ = ("_nodes", "args", "pod", "view")
-
-    def __init__(
-        self, args: wire.ExtenderArgs, pod: PodFacts, view: View, nodes: Candidates | None = None
-    ) -> None:
-        self.args, self.pod, self.view, self._nodes = args, pod, view, nodes
-
-    @property
-    def nodes(self) -> Candidates:
-        if self._nodes is None:
-            self._nodes = _lookup(self.view, self.args.names)
-        return self._nodes
-
-
-def _lookup(view: View, names: list[str]) -> Candidates:
-    """The view's rows for these names, in order (cluster mode)."""
-    try:
-        batch = view.candidates(names)
-    except TypeError:  # an element that cannot even be hashed is no node name
-        wire.check_names_field(names)
-        raise
-    if not batch.distinct:  # some are not known, or one repeats: check them all
-        wire.check_names_field(names)
-    return batch
 
 
 class Decider:
@@ -115,7 +76,7 @@ class Decider:
         self._last_pod = (obj, facts)
         return facts
 
-    def parse(self, payload: Any) -> _Request:
+    def parse(self, payload: Any) -> Call:
         # In cluster mode a name the view knows is a node name: only the others are
         # checked (wire.parse_args's check_names).
         args = wire.parse_args(payload, check_names=self.cache is None)
@@ -123,16 +84,16 @@ class Decider:
         view = self.cache.view() if self.cache is not None else args_view()
         if args.nodes is not None:
             facts = [node_facts(node, self.cfg.group_levels) for node in args.nodes]
-            return _Request(args, pod, view, candidates_of(args.names, facts, view))
+            return Call(args, pod, view, candidates_of(args.names, facts, view))
         if self.cache is None:
             raise BadInput(
                 "NodeNames sent, but this extender runs with --node-source args: set "
                 "nodeCacheCapable: false in the scheduler's extender config, or run "
                 "the extender with --node-source cluster"
             )
-        return _Request(args, pod, view)  # the names are looked up when first read
+        return Call(args, pod, view)  # the names are looked up when first read
 
-    def filter(self, req: _Request) -> tuple[bytes, dict[str, Any], Callable[[], None] | None]:
+    def filter(self, req: Call) -> tuple[bytes, dict[str, Any], Callable[[], None] | None]:
         outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
         if not outcome.passed and (unknown := req.nodes.unknown()):
             # Nothing fits among the nodes this view knows, and kube-scheduler knows
@@ -169,7 +130,7 @@ class Decider:
         }
         return body, details, lambda: self.prepare(req, outcome.passed)
 
-    def prepare(self, req: _Request, passed: list[str]) -> None:
+    def prepare(self, req: Call, passed: list[str]) -> None:
         """After filter's answer is on the wire: prioritize's answer for the names it
         passed (extender/prepared.py). Only for names looked up in the cache (a call
         that sends Node objects is judged by them), and not for one node or none,
@@ -181,14 +142,14 @@ class Decider:
         answer = None
         try:
             args = wire.ExtenderArgs(req.args.pod, None, passed)
-            answer = self._score(_Request(args, req.pod, req.view, req.view.candidates(passed)))
+            answer = self._score(Call(args, req.pod, req.view, req.view.candidates(passed)))
             # prioritize's log line says what the preparation took, off its path
             answer[1]["prepared_ms"] = round((time.perf_counter() - started) * 1000, 3)
         except Exception:  # the call itself will compute it, and fail or not, itself
             log.exception("preparing prioritize's answer failed")
         self.prepared.finish(entry, answer)
 
-    def prioritize(self, req: _Request) -> tuple[bytes, dict[str, Any], None]:
+    def prioritize(self, req: Call) -> tuple[bytes, dict[str, Any], None]:
         taken = self.prepared.take(req.pod, req.args.names, req.view)
         if taken is None:
             body, details, chosen = self._score(req)
@@ -205,10 +166,15 @@ class Decider:
             self.explainer.remember(chosen)
         return body, details, None
 
-    def _score(self, req: _Request) -> tuple[bytes, dict[str, Any], Decision | None]:
+    def _score(self, req: Call) -> tuple[bytes, dict[str, Any], Decision | None]:
         """Prioritize's answer, its log details, and the decision to explain."""
         uid = _uid(req.args.pod)
-        explain = self.explainer is not None and req.pod.gpus > 0 and uid is not None
+        explain = (
+            self.explainer is not None
+            and req.pod.gpus > 0
+            and uid is not None
+            and self.explainer.admit()  # its Event would not be dropped for the rate
+        )
         parts: dict[str, list[float]] | None = {} if explain else None
         array = score_array(
             req.pod, req.nodes, req.view, self.policies, self.cfg, parts, req.args.names
@@ -236,7 +202,7 @@ class Decider:
         }
         return body, details, chosen
 
-    def _group_note(self, req: _Request) -> Callable[[int], str | None] | None:
+    def _group_note(self, req: Call) -> Callable[[int], str | None] | None:
         """For a pod of a placement group already placed somewhere: the words for a
         candidate (by position) that say which topology level drew it."""
         if req.pod.group is None or self.cfg.weight("group") == 0:
@@ -285,88 +251,6 @@ def _dump_filter_result(args: wire.ExtenderArgs, outcome: FilterOutcome) -> byte
     return orjson.dumps(wire.filter_result(args, outcome))
 
 
-@dataclass(frozen=True)
-class VerbGuard:
-    """Who may call the verbs: over TLS only (``tls``), and with a client certificate
-    the TLS layer verified against the client CA (``client_cert``; only kube-scheduler
-    holds one). The ops endpoints are open on every listener."""
-
-    tls: bool = False
-    client_cert: bool = False
-
-    def refusal(self, verb: str) -> Response | None:
-        environ = request.environ
-        if self.tls and not environ.get(TLS_KEY):
-            metrics.REQUESTS.labels(verb, "403").inc()
-            return json_error(403, f"/{verb} is served on the extender's TLS port only")
-        if self.client_cert and not environ.get(CLIENT_CERT_KEY):
-            metrics.REQUESTS.labels(verb, "403").inc()
-            return json_error(
-                403, f"/{verb} needs a client certificate signed by the extender's client CA"
-            )
-        return None
-
-
-class Endpoints:
-    """``/filter`` and ``/prioritize``: guard, sync check, parse, decide, log."""
-
-    def __init__(self, decider: Decider, guard: VerbGuard) -> None:
-        self.decider = decider
-        self.guard = guard
-
-    def serve(
-        self,
-        verb: str,
-        decide: Callable[[_Request], tuple[bytes, dict[str, Any], Callable[[], None] | None]],
-    ) -> Response:
-        started = time.perf_counter()
-        refusal = self.guard.refusal(verb)
-        if refusal is not None:
-            return refusal
-        cache = self.decider.cache
-        if cache is not None and not cache.synced():
-            # Error (or a 5xx) makes kube-scheduler retry the pod within seconds; an
-            # answer failing every node as unknown would park it as unschedulable.
-            metrics.RETRY_ANSWERS.labels(verb, "not-synced").inc()
-            message = NOT_SYNCED + cache.ready()[1]
-            if verb == "filter":
-                return json_response(wire.error_result(message))
-            return json_response({"error": message}, 503)
-        try:
-            req = self.decider.parse(read_json_body(self.decider.cfg.max_body_bytes))
-            payload, details, then = decide(req)
-        except BadInput as exc:
-            metrics.REQUESTS.labels(verb, "400").inc()
-            log.info("bad extender call", extra={"verb": verb, "error": str(exc)})
-            body = {"error": str(exc)}
-            if verb == "filter":
-                body |= wire.error_result("the request was malformed; see error")
-            return json_response(body, 400)
-        elapsed = time.perf_counter() - started
-        metrics.LATENCY.labels(verb).observe(elapsed)
-        metrics.REQUESTS.labels(verb, "200").inc()
-        log.info(
-            verb,
-            extra={
-                "pod": req.pod.key,
-                "gpus": req.pod.gpus,
-                "nodes": len(req.args.names),
-                "pod_error": req.pod.error,
-                "view_age_s": None if req.view.age is None else round(req.view.age, 1),
-                # bound pods the view holds (cluster mode): what a bench compares with
-                # the bindings the API server had made, to see the view's lag
-                # (prioritize's details name the view its answer was scored on)
-                "view_pods": req.view.pods,
-                "ms": round(elapsed * 1000, 3),
-                **details,
-            },
-        )
-        response = Response(payload, mimetype="application/json")
-        if then is not None:  # run once the answer is written (gunicorn closes it then)
-            response.call_on_close(then)
-        return response
-
-
 def start_cluster_source(
     kubeconfig: str | None,
     heartbeat_namespace: str | None = None,
@@ -409,7 +293,7 @@ def create_app(
     kubeconfig: str | None = None,
     *,
     heartbeat_namespace: str | None = None,
-    guard: VerbGuard = VerbGuard(),
+    guard: VerbGuard | None = None,
     tls_ready: Callable[[], tuple[bool, str]] | None = None,
     explainer: Explainer | None = None,
 ) -> Flask:
@@ -422,7 +306,7 @@ def create_app(
     if node_source == "cluster" and cache is None:
         cache, explainer = start_cluster_source(kubeconfig, heartbeat_namespace, cfg.group_levels)
     decider = Decider(cfg, cache, explainer)
-    endpoints = Endpoints(decider, guard)
+    endpoints = Endpoints(decider.parse, cache, cfg.max_body_bytes, guard or VerbGuard())
     app = Flask("extender")
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
 

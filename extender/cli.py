@@ -67,8 +67,9 @@ def run(args: argparse.Namespace) -> int:
     if args.client_ca and not args.tls_cert_dir:
         return fail("extender", "--client-ca needs --tls-cert-dir")
     metrics_dir_for(workers)
-    from extender.app import VerbGuard, create_app
+    from extender.app import create_app
     from extender.config import ConfigError, load_config
+    from extender.endpoints import VerbGuard
 
     try:
         cfg = load_config(args.config)

@@ -9,9 +9,12 @@ POD`` prints it.
 
 Off the hot path: ``prioritize`` only stores the decision (a dict insert); the Event
 is built and sent by one background thread, rate-limited, from a bounded queue (what
-does not fit is dropped and counted). Two replicas may both hold a decision for the
-same pod (kube-scheduler retried on the other): the Event's name comes from the pod's
-UID, so the second create gets 409 and is ignored.
+does not fit is dropped and counted). A decision is worked out only while the rate
+leaves room for its Event (:meth:`Explainer.admit`): in a burst of pods above the rate
+the ones past it are not explained, as their Events would be dropped anyway. Two
+replicas may both hold a decision for the same pod (kube-scheduler retried on the
+other): the Event's name comes from the pod's UID, so the second create gets 409 and
+is ignored.
 """
 
 from __future__ import annotations
@@ -278,6 +281,19 @@ class Explainer:
         self.duplicate = 0
 
     # --- the hot path and the watch ----------------------------------------------
+    def admit(self) -> bool:
+        """Whether to work out the decision about to be made: its Event would find a
+        token when written (the bucket, refilled to now, holds one more than the
+        Events already queued). Above the rate (a burst of pods) the Event would be
+        dropped at the writer, so it is counted dropped now and not worked out."""
+        # Read without the writer's cooperation: a refill racing this read makes it
+        # off by a fraction of a token, which only moves the one pod at the edge.
+        tokens = min(self._burst, self._tokens + (self._clock() - self._refilled) * self._rate)
+        if tokens - self._queue.qsize() >= 1:
+            return True
+        self._count("dropped")
+        return False
+
     def remember(self, d: Decision) -> None:
         if not d.uid or not d.top:
             return

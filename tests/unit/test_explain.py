@@ -229,3 +229,21 @@ def test_the_engines_parts_are_read_as_plain_lists_are():
         fast = decision("ns", "p", "u", 2, names, scores, parts, cfg.weights, keep=3)
         slow = decision("ns", "p", "u", 2, names, scores, plain, cfg.weights, keep=3)
         assert fast == slow
+
+
+def test_a_decision_is_worked_out_only_while_the_rate_leaves_room_for_its_event():
+    now = [0.0]
+    api = Api()
+    explainer = Explainer(api.create, rate=1, burst=2, clock=lambda: now[0])
+    assert explainer.admit()
+    for uid in ("u0", "u1"):
+        explainer.remember(sample(uid))
+        explainer.bound(uid, "a")
+    assert not explainer.admit()  # two tokens, two Events queued for them
+    assert explainer.dropped == 1  # counted as the writer would have
+    explainer.drain()
+    assert explainer.written == 2 and not explainer.admit()  # the bucket is empty
+    now[0] = 0.5
+    assert not explainer.admit()
+    now[0] = 1.0  # one token again
+    assert explainer.admit() and explainer.dropped == 3

@@ -211,3 +211,14 @@ def test_a_prepared_answer_is_served_without_looking_the_names_up(cluster, monke
     assert lookups == [len(passed)]
     response = client.post("/prioritize", json=body(pod, [*passed, 7]))
     assert response.status_code == 400 and "NodeNames" in response.get_json()["error"]
+
+
+def test_past_the_event_rate_no_explanation_is_worked_out_and_the_answer_is_the_same(cluster):
+    client, fresh, _, remembered = cluster
+    explainer = client.application.extensions["gpu_scheduler"]["explainer"]
+    explainer.admit = lambda: False  # type: ignore[method-assign]
+    pod = make_pod("p", 2)
+    passed = filtered(client, pod)
+    answer = post(client, "prioritize", body(pod, passed))
+    assert remembered == []  # not explained: its Event would be dropped for the rate
+    assert answer == post(fresh, "prioritize", body(pod, passed))
