@@ -49,3 +49,12 @@ def test_servers_are_measured_call_by_call_in_turn_with_the_gap():
     ]
     gaps = [later[2] - first[2] for first, later in zip(measured[::2], measured[1::2], strict=True)]
     assert all(gap >= 0.02 for gap in gaps)
+
+
+def test_the_decision_costs_bench_prints_a_row_per_size(capsys):
+    from tests.bench.decision_costs import main
+
+    assert main(["--nodes", "40", "--sizes", "8,40"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line[:3] in ("| 8", "| 4")]
+    assert [r.split(" | ")[0] for r in rows] == ["| 8", "| 40"]
+    assert all(float(cell) > 0 for r in rows for cell in r.strip("| ").split(" | ")[1:])
