@@ -66,3 +66,27 @@ def test_every_line_is_ascii_json_whatever_its_text():
     out = line(ms=float("nan"), big=2**64 - 1, neg=-(2**63))
     assert out["big"] == 2**64 - 1 and out["neg"] == -(2**63)
     assert out["ms"] is None or out["ms"] != out["ms"]  # orjson: null; never a crash
+
+
+def test_plain_numbers_pass_as_they_are_and_the_edges_of_a_64_bit_int_are_kept():
+    out = line(
+        a=0, b=-(1 << 63), c=(1 << 64) - 1, d=1 << 64, e=True, f=0.25, g=None, h=float("inf")
+    )
+    assert (out["a"], out["b"], out["c"]) == (0, -(1 << 63), (1 << 64) - 1)
+    assert out["d"] == clip(1 << 64)  # past what a JSON reader keeps exact
+    assert out["e"] is True and out["f"] == 0.25 and out["g"] is None
+    assert out["h"] is None  # orjson writes a non-finite float as null
+
+
+def test_records_skip_the_lookups_no_line_shows(monkeypatch):
+    from gpu_scheduler.logs import skip_record_lookups
+
+    for flag in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
+        monkeypatch.setattr(logging, flag, getattr(logging, flag))  # restored after
+    skip_record_lookups()
+    record = logging.getLogger("extender").makeRecord(
+        "extender", logging.INFO, "(unknown file)", 0, "filter", (), None, extra={"ms": 0.5}
+    )
+    assert record.threadName is None and record.processName is None
+    out = json.loads(JsonFormatter().format(record))
+    assert out["msg"] == "filter" and out["ms"] == 0.5 and "threadName" not in out
