@@ -78,15 +78,24 @@ def test_plain_numbers_pass_as_they_are_and_the_edges_of_a_64_bit_int_are_kept()
     assert out["h"] is None  # orjson writes a non-finite float as null
 
 
-def test_records_skip_the_lookups_no_line_shows(monkeypatch):
+def test_records_skip_the_caller_lookup_and_other_formats_still_work(monkeypatch):
     from gpu_scheduler.logs import skip_record_lookups
 
-    for flag in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
-        monkeypatch.setattr(logging, flag, getattr(logging, flag))  # restored after
+    monkeypatch.setattr(logging, "_srcfile", logging._srcfile)  # type: ignore[attr-defined]
     skip_record_lookups()
-    record = logging.getLogger("extender").makeRecord(
-        "extender", logging.INFO, "(unknown file)", 0, "filter", (), None, extra={"ms": 0.5}
-    )
-    assert record.threadName is None and record.processName is None
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("test-skip-lookups")
+    logger.addHandler(handler)
+    try:
+        logger.warning("filter", extra={"ms": 0.5})
+    finally:
+        logger.removeHandler(handler)
+    (record,) = records
+    assert record.funcName == "(unknown function)"  # the frame was not looked up
     out = json.loads(JsonFormatter().format(record))
-    assert out["msg"] == "filter" and out["ms"] == 0.5 and "threadName" not in out
+    assert out["msg"] == "filter" and out["ms"] == 0.5
+    # what gunicorn's own error log formats still has its fields
+    gunicorn = logging.Formatter("%(asctime)s [%(process)d] [%(levelname)s] %(message)s")
+    assert "] [WARNING] filter" in gunicorn.format(record)
