@@ -17,7 +17,9 @@ then the pods are deleted and our extender's cache is seen empty before the next
 kube-scheduler's client rate limit (``clientConnection.qps``/``burst``, 50/100 by
 default) caps a scheduler at about 50 bindings a second whatever the extender does, so
 it is raised to ``--qps`` in every variant (``--qps 0`` keeps deploy/'s: 300/600).
-Prints pods/s per variant and the ratios to bare and to without.
+Prints pods/s per variant and the ratios to bare and to without; per round, the
+extender's own handler medians (from its log) and the CPU milliseconds a pod of
+each component (tests/bench/proc_cpu.py), and at the end the CPU table.
 """
 
 from __future__ import annotations
@@ -114,7 +116,9 @@ def binding_times(log: str) -> list[float]:
     return times
 
 
-def measure(cluster: Any, variant: str, config: dict[str, Any], pods: int) -> tuple[float, Any]:
+def measure(
+    cluster: Any, variant: str, config: dict[str, Any], pods: int
+) -> tuple[float, dict[str, float]]:
     """Bindings per second, first to last, of ``pods`` pods made for ``variant``, from
     kube-scheduler's own log (its timestamps; no watch of ours to fall behind), and
     the CPU each component spent from about the first binding to the last
