@@ -288,8 +288,7 @@ class Explainer:
         dropped at the writer, so it is counted dropped now and not worked out."""
         # Read without the writer's cooperation: a refill racing this read makes it
         # off by a fraction of a token, which only moves the one pod at the edge.
-        tokens = min(self._burst, self._tokens + (self._clock() - self._refilled) * self._rate)
-        if tokens - self._queue.qsize() >= 1:
+        if self._tokens_at(self._clock()) - self._queue.qsize() >= 1:
             return True
         self._count("dropped")
         return False
@@ -324,9 +323,13 @@ class Explainer:
     def stop(self) -> None:
         self._queue.put(None)
 
+    def _tokens_at(self, now: float) -> float:
+        """The bucket's tokens refilled to ``now``."""
+        return min(self._burst, self._tokens + (now - self._refilled) * self._rate)
+
     def _take_token(self) -> bool:
         now = self._clock()
-        self._tokens = min(self._burst, self._tokens + (now - self._refilled) * self._rate)
+        self._tokens = self._tokens_at(now)
         self._refilled = now
         if self._tokens >= 1:
             self._tokens -= 1

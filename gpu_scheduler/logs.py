@@ -19,23 +19,18 @@ import orjson
 from gpu_scheduler.textclip import LIMIT, clip, clip_text
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message"}
-_SCALARS = (bool, float, type(None))
 _MAX_LIST = 32
 
 
 def _field(value: Any) -> Any:
     """A JSON-ready, bounded form of one log field."""
-    kind = type(value)
-    if kind is float or kind is bool or value is None:  # most fields: one test each
+    # Numbers and None first: most fields are, and each is one test.
+    if value is None or isinstance(value, float):
         return value
-    if kind is int and -(1 << 63) <= value < (1 << 64):
-        return value
+    if isinstance(value, int):  # bool too
+        return value if -(1 << 63) <= value < (1 << 64) else clip(value)
     if isinstance(value, str):
         return clip_text(value, LIMIT)
-    if isinstance(value, _SCALARS):
-        return value
-    if isinstance(value, int):
-        return value if -(1 << 63) <= value < (1 << 64) else clip(value)
     if (
         isinstance(value, list | tuple)
         and len(value) <= _MAX_LIST

@@ -72,6 +72,8 @@ if __name__ == "__main__":
           threads=int(sys.argv[2]), max_body=ExtenderConfig().max_body_bytes)
 """
 FLOORS = ("bare (names)", "bare, our server")
+#: The rows of each size, in the order printed.
+MODES = (*FLOORS, "args", "cluster")
 
 
 def cluster_nodes(count: int) -> list[dict]:
@@ -298,20 +300,19 @@ def main() -> int:
                         {"Pod": pod, "Nodes": {"items": chosen}, "NodeNames": None}
                     ).encode()
                     calls = max(30, opts.calls // (10 if size >= 5000 else 1))
-                    by_name = {"bare (names)": "bare", "bare, our server": "bare-ours"}
-                    together = measure_interleaved(
-                        {**{k: ports[v] for k, v in by_name.items()}, "cluster": ports["cluster"]},
+                    gap = opts.gap_ms / 1000
+                    # the names' servers in turn; args mode (Node objects) on its own
+                    result = measure_interleaved(
+                        {
+                            "bare (names)": ports["bare"],
+                            "bare, our server": ports["bare-ours"],
+                            "cluster": ports["cluster"],
+                        },
                         by_names,
                         calls,
-                        opts.gap_ms / 1000,
+                        gap,
                     )
-                    result = {
-                        **{k: together[k] for k in by_name},
-                        "args": measure(
-                            ports["args"], by_nodes, max(20, calls // 3), opts.gap_ms / 1000
-                        ),
-                        "cluster": together["cluster"],
-                    }
+                    result["args"] = measure(ports["args"], by_nodes, max(20, calls // 3), gap)
                     rows.append((size, len(by_nodes), len(by_names), result))
                     print(f"  measured {size} candidates", flush=True)
         finally:
@@ -327,7 +328,8 @@ def main() -> int:
     )
     print("|---:|---|---:|---:|---:|---:|---:|")
     for size, nodes_len, names_len, result in rows:
-        for mode, r in result.items():
+        for mode in MODES:
+            r = result[mode]
             body = nodes_len if mode == "args" else names_len
             print(
                 f"| {size} | {mode} | {body / 1024:.0f} KiB | {r['filter_p50']:.2f} | "
