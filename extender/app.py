@@ -106,6 +106,7 @@ class Decider:
                 f"cache yet (view {req.view.age or 0:.0f}s old); retry shortly"
             )
             return orjson.dumps(wire.error_result(message)), {"retry": "unknown-nodes"}, None
+        req, outcome, rechecked = self._recheck(req, outcome)
         uid = _uid(req.args.pod)
         if self.explainer is not None and req.pod.gpus and uid and len(outcome.passed) == 1:
             self.explainer.remember(
@@ -128,7 +129,24 @@ class Decider:
             "failed": len(outcome.failed),
             "unresolvable": len(outcome.unresolvable),
         }
+        if rechecked:
+            details["rechecked"] = rechecked
         return body, details, lambda: self.prepare(req, outcome.passed)
+
+    def _recheck(self, req: Call, outcome: FilterOutcome) -> tuple[Call, FilterOutcome, int]:
+        """kube-scheduler may be retrying the pod on an event the watch has not yet
+        delivered (extender/recheck.py): before turning it away, read its few
+        candidates again, and decide again where anything differed."""
+        cache = self.cache
+        if outcome.passed or cache is None or cache.recheck is None:
+            return req, outcome, 0
+        if req.args.nodes is not None:  # the request's Nodes, not the cache's
+            return req, outcome, 0
+        if req.pod.error is not None or not (changed := cache.recheck(req.args.names)):
+            return req, outcome, 0
+        req = Call(req.args, req.pod, cache.view())
+        outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
+        return req, outcome, changed
 
     def prepare(self, req: Call, passed: list[str]) -> None:
         """After filter's answer is on the wire: prioritize's answer for the names it

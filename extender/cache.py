@@ -1,11 +1,9 @@
 """The cluster cache for ``--node-source cluster``: list+watch of Nodes, bound Pods, the
-agents' heartbeat Leases and the DRA kinds.
-
-It keeps only what the policies read: :class:`NodeFacts` per node (with its agent's
-last Lease renewal), and per bound, non-terminal pod its node, GPU count and
-placement group. Two
-:class:`~extender.reflector.Reflector` threads keep it current (timeouts, bookmarks,
-relist on 410 Gone or silence). Requests never read the live state: each takes a
+agents' heartbeat Leases and the DRA kinds, one :class:`~extender.reflector.Reflector`
+thread per kind (extender/sources.py); filter's recheck (extender/recheck.py) reads a
+few Nodes and their pods again when the watch may be behind. It keeps only what the
+policies read: :class:`NodeFacts` per node, and per bound, non-terminal pod its node,
+GPUs and placement group. Requests never read the live state: each takes a
 :class:`~extender.view.View`, an immutable snapshot rebuilt when something changed
 (or a second passed), so concurrent events never tear what a request sees.
 """
@@ -98,6 +96,8 @@ class ClusterCache:
         self._clock = clock
         self._monotonic = monotonic
         self.reflectors: dict[str, Reflector] = {}
+        #: Reads candidates again before filter turns a pod away (extender/recheck.py).
+        self.recheck: Callable[[Sequence[str]], int] | None = None
 
     # --- what readers get ------------------------------------------------------------
     def view(self) -> View:
@@ -161,8 +161,7 @@ class ClusterCache:
         return bool(self.reflectors) and all(r.synced.is_set() for r in self.reflectors.values())
 
     def age(self) -> float | None:
-        """Seconds since the stalest kind last heard from the API server (None: some
-        kind was never listed)."""
+        """Seconds since the stalest kind's last word (None: one was never listed)."""
         ages = [r.age() for r in self.reflectors.values()]
         if not ages or any(a is None for a in ages):
             return None
@@ -240,8 +239,8 @@ class ClusterCache:
         self._table.put(name, facts, state)
 
     def _gpus_used(self, name: str, facts: NodeFacts) -> int:
-        """GPUs in use on a node: on a DRA node the devices claims hold, not the pods'
-        requests (kube-scheduler counts those as claims too: no double count)."""
+        """GPUs in use on a node: on a DRA node the claims' devices, not the pods'
+        requests (kube-scheduler counts those as claims: no double count)."""
         return self._dra.used(name) if facts.dra else self._used.get(name, 0)
 
     def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
@@ -284,6 +283,10 @@ class ClusterCache:
             self._set_facts(name)
             self._node_version += 1
         metrics.CACHE_OBJECTS.labels("nodes").set(len(self._base))
+
+    def facts_of(self, name: str) -> NodeFacts | None:
+        """What the Node object itself says (no DRA devices, no heartbeat)."""
+        return self._base.get(name)
 
     def _dra_changed(self, nodes: set[str], usage: bool) -> None:
         """After a DRA change (lock held): refresh the nodes it touched."""
@@ -398,6 +401,10 @@ class ClusterCache:
         if old is None and new is not None and new[1].gpus and self.on_bound is not None:
             self.on_bound(new[0], new[1].node)
 
+    def pods_on(self, node: str) -> dict[str, PodRecord]:
+        with self._lock:
+            return {uid: record for uid, record in self._pods.items() if record.node == node}
+
     def _account(self, record: PodRecord, sign: int) -> None:
         _add(self._used, record.node, sign * record.gpus)
         if record.gpus:
@@ -429,19 +436,13 @@ class ClusterCache:
         coordination_api: Any = None,
         lease_namespace: str | None = None,
     ) -> None:
-        """Reflect the kinds the cache keeps, each in a daemon thread
-        (:func:`extender.sources.reflectors` says which and how)."""
+        """Reflect the kinds the cache keeps (extender.sources), a thread each."""
+        from extender.recheck import Recheck
         from extender.sources import reflectors
 
-        self.reflectors = reflectors(
-            self,
-            core_api,
-            resource_api,
-            coordination_api,
-            lease_namespace,
-            self._stop,
-            self._monotonic,
-        )
+        apis = (core_api, resource_api, coordination_api, lease_namespace)
+        self.reflectors = reflectors(self, *apis, self._stop, self._monotonic)
+        self.recheck = Recheck(self, core_api)
         for reflector in self.reflectors.values():
             reflector.start()
 

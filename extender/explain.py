@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from extender import metrics
+from extender.bucket import TokenBucket
 from gpu_scheduler.textclip import clip_text as clip
 from gpu_scheduler.timestamps import rfc3339
 
@@ -268,9 +269,7 @@ class Explainer:
         self._decisions: OrderedDict[str, tuple[float, Decision]] = OrderedDict()
         self._lock = threading.Lock()
         self._capacity, self._ttl = capacity, ttl
-        self._rate, self._burst = rate, burst
-        self._tokens = float(burst)
-        self._refilled = clock()
+        self._bucket = TokenBucket(rate, burst, clock)
         self._clock = clock
         self._queue: queue.Queue[tuple[Decision, str] | None] = queue.Queue(queue_size)
         self._instance = instance or socket.gethostname()
@@ -288,7 +287,7 @@ class Explainer:
         dropped at the writer, so it is counted dropped now and not worked out."""
         # Read without the writer's cooperation: a refill racing this read makes it
         # off by a fraction of a token, which only moves the one pod at the edge.
-        if self._tokens_at(self._clock()) - self._queue.qsize() >= 1:
+        if self._bucket.level() - self._queue.qsize() >= 1:
             return True
         self._count("dropped")
         return False
@@ -323,19 +322,6 @@ class Explainer:
     def stop(self) -> None:
         self._queue.put(None)
 
-    def _tokens_at(self, now: float) -> float:
-        """The bucket's tokens refilled to ``now``."""
-        return min(self._burst, self._tokens + (now - self._refilled) * self._rate)
-
-    def _take_token(self) -> bool:
-        now = self._clock()
-        self._tokens = self._tokens_at(now)
-        self._refilled = now
-        if self._tokens >= 1:
-            self._tokens -= 1
-            return True
-        return False
-
     def drain(self) -> None:
         """Write what is queued now (the thread's loop; tests call it directly)."""
         while True:
@@ -348,7 +334,7 @@ class Explainer:
             self._write(*item)
 
     def _write(self, d: Decision, node: str) -> None:
-        if not self._take_token():
+        if not self._bucket.take():
             self._count("dropped")
             return
         try:
@@ -371,5 +357,5 @@ class Explainer:
             if item is None:
                 return
             self._write(*item)
-            if self._tokens < 1:
-                time.sleep(1.0 / self._rate)
+            if self._bucket.level() < 1:
+                time.sleep(1.0 / self._bucket.rate)

@@ -45,6 +45,13 @@ RETRY_ANSWERS = Counter(
     "it knows, and it does not know some candidates yet)",
     ["verb", "why"],
 )
+RECHECKS = Counter(
+    "gpu_scheduler_extender_rechecks_total",
+    "Candidates read again from the API server before a pod was turned away by all of "
+    "them (extender/recheck.py), by outcome (changed: the cache was behind and took the "
+    "new state; same; skipped: over the rate or the call's deadline; failed)",
+    ["outcome"],
+)
 HEARTBEAT_GUARD = Gauge(
     "gpu_scheduler_extender_heartbeat_guard_tripped",
     "1 while the heartbeat policy is not filtering because the view is stale or too "

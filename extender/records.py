@@ -33,6 +33,13 @@ class PodRecord:
         self.cpu_milli = cpu_milli
         self.ram_mib = ram_mib
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PodRecord) and all(
+            getattr(self, key) == getattr(other, key) for key in self.__slots__
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking: compared, not keyed
+
     def shape(self) -> TaskShape:
         return task_shape(self.gpus, self.cpu_milli, self.ram_mib, self.products)
 

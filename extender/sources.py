@@ -22,7 +22,8 @@ from gpu_scheduler import contract
 
 # Bound and not finished: the pods that hold GPUs (field selectors keep the rest away,
 # and a pod that finishes or is deleted arrives as DELETED).
-POD_FIELD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+POD_FIELD_SELECTOR = f"spec.nodeName!=,{LIVE_PODS}"
 #: Kinds that need not wait for the DeviceClasses' first list.
 _NOT_AFTER_CLASSES = (
     "nodes",

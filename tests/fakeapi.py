@@ -78,6 +78,7 @@ class FakeListWatch:
                 threading.Event().wait(0.01)
             self.lists += 1
             items = sorted(self.objects.values(), key=lambda o: o["metadata"]["name"])
+            items = [o for o in items if _selected(o, kwargs.get("field_selector"))]
             start = int(kwargs.get("_continue") or 0)
             limit = kwargs.get("limit") or len(items) or 1
             meta: dict[str, Any] = {"resourceVersion": str(self.version)}
@@ -111,6 +112,19 @@ class FakeListWatch:
             self.objects[name] = obj
         self._send({"type": kind, "object": obj})
 
+    def change(self, obj: Mapping[str, Any]) -> None:
+        """The API server now holds ``obj`` (a new resourceVersion), and the watch has
+        not said so: a watch that is behind."""
+        self.version += 1
+        obj = json.loads(json.dumps(obj))
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self.version)
+        self.objects[obj["metadata"]["name"]] = obj
+
+    def remove(self, name: str) -> None:
+        """Gone from the API server, and the watch has not said so."""
+        self.version += 1
+        del self.objects[name]
+
     def bookmark(self) -> None:
         meta = {"resourceVersion": str(self.version)}
         self._send({"type": "BOOKMARK", "object": {"metadata": meta}})
@@ -136,16 +150,49 @@ class FakeCore:
         self.list_node = FakeListWatch(nodes)
         self.list_pod_for_all_namespaces = FakeListWatch(pods)
         self.api_client = None
+        self.node_reads: list[str] = []
+        self.fail_reads: list[BaseException] = []
+
+    def read_node(self, name: str, **kwargs: Any) -> Any:
+        """GET one Node, as the API server has it now (404 when it has none)."""
+        from kubernetes.client.exceptions import ApiException
+
+        self.node_reads.append(name)
+        if self.fail_reads:
+            raise self.fail_reads.pop(0)
+        node = self.list_node.objects.get(name)
+        if node is None:
+            raise ApiException(status=404, reason="Not Found")
+        return _ListResponse(json.dumps(node).encode())
+
+
+def _selected(obj: Mapping[str, Any], selector: str | None) -> bool:
+    """Whether ``obj`` matches a field selector (``a.b=v``, ``a.b!=v``, comma-joined),
+    as the API server reads one: a missing field is the empty string."""
+    for term in filter(None, (selector or "").split(",")):
+        negated = "!=" in term
+        path, _, want = term.partition("!=" if negated else "=")
+        value: Any = obj
+        for key in path.split("."):
+            value = value.get(key) if isinstance(value, Mapping) else None
+        if ((value or "") == want.lstrip("=")) == negated:
+            return False
+    return True
 
 
 def synced_cache(
-    nodes: Iterable[Mapping[str, Any]] = (), pods: Iterable[Mapping[str, Any]] = (), **kwargs: Any
+    nodes: Iterable[Mapping[str, Any]] = (),
+    pods: Iterable[Mapping[str, Any]] = (),
+    *,
+    core: FakeCore | None = None,
+    **kwargs: Any,
 ) -> Any:
-    """A :class:`ClusterCache` listed from a :class:`FakeCore` (its watches stay open)."""
+    """A :class:`ClusterCache` listed from a :class:`FakeCore` (its watches stay open):
+    ``core``, or one holding ``nodes`` and ``pods``."""
     from extender.cache import ClusterCache
 
     cache = ClusterCache(**kwargs)
-    core = FakeCore(nodes, pods)
+    core = core or FakeCore(nodes, pods)
     cache.start(core)
     for reflector in cache.reflectors.values():
         if not reflector.synced.wait(5):

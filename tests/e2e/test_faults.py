@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from gpu_scheduler import contract
-from tests.e2e.kube import bind_pod, core, put_lease, wait_bound, wait_event
+from tests.e2e.kube import bind_pod, core, delete_pod, put_lease, wait_bound, wait_event
 from tests.e2e.scenarios import Scenario, own_stack, scenario
 from tests.helpers import wait_for
 
@@ -55,6 +55,31 @@ def test_a_half_open_connection_is_detected_and_healed(faults):
         assert any(code == 200 for t, code in states if t > stale[-1]) or s.ready() == 200
         assert "went silent" in s.extender.log_path.read_text()
         print(f"half-open: 503 from {stale[0]:.0f}s to {stale[-1]:.0f}s; bound {bound_at:.0f}s")
+
+
+def test_a_retry_the_watch_has_not_caught_up_with_reads_the_node_again(faults):
+    """A pod waits for the GPUs another pod holds. The extender's watches are frozen
+    (they hear nothing more until the 50 s silence bound), and the holder is deleted:
+    kube-scheduler retries the pod at once, on a view that still shows the GPUs held.
+    Filter reads the node and its pods again (extender/recheck.py; its pooled
+    connections are frozen too, so the read times out and is asked again over a new
+    one) and the pod is bound, not parked until the watch recovers."""
+    with scenario(faults, "behind") as s:
+        wait_for(lambda: s.ready() == 200, 30, "extender ready")
+        node = s.node("behind")
+        holder = s.pod(8, "behind")
+        assert wait_bound(faults, holder) == node
+        waiting = s.pod(8, "behind")
+        wait_event(faults, waiting, "Insufficient nvidia.com/gpu")  # kube-scheduler's own fit
+        assert s.proxy is not None and s.proxy.freeze() >= 2
+        deleted_at = time.monotonic()
+        delete_pod(faults, holder)
+        assert wait_bound(faults, waiting, timeout=45) == node
+        took = time.monotonic() - deleted_at
+        assert took < 30, took  # the watches were still silent: only the recheck knew
+        assert s.metric('gpu_scheduler_extender_rechecks_total{outcome="changed"}') >= 1
+        assert "went silent" not in s.extender.log_path.read_text()
+        print(f"watch behind: the waiting pod bound {took:.1f}s after the holder went")
 
 
 def test_a_slow_first_list_does_not_park_pods(faults):

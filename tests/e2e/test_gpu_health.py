@@ -3,8 +3,8 @@ plugin still advertises 8; one GPU reports XID 79 (fallen off the bus) to the ag
 through the fake inventory's scripted XIDs. The agent publishes it at its next read,
 the extender gives no pod the sick GPU and says which it is, and once the XID has
 stopped for the agent's quiet period, the GPU is offered again and the pending pod
-is placed (the agent's unhealthy-count label changes, which kube-scheduler retries
-pending pods on)."""
+is placed (kube-scheduler retries it on the agent's Node patch; the extender reads the
+node again if its watch has not delivered that patch yet)."""
 
 from __future__ import annotations
 
@@ -65,9 +65,10 @@ def test_a_sick_gpu_is_not_offered_and_is_again_once_it_recovers(stack, tmp_path
         assert core(stack).read_namespaced_pod(whole, "default").spec.node_name is None
 
         inventory.write_text(yaml.safe_dump(h100_inventory(8)))  # the XID stops: recovery
-        # The agent's gpus-unhealthy label goes with the sickness: a Node label change,
-        # which makes kube-scheduler retry the pending pod at once (an annotation
-        # change alone would leave it to the queue's 5-minute flush).
+        # The agent's patch (annotation, and the gpus-unhealthy label going) makes
+        # kube-scheduler retry the pending pod at once, often before the extender's
+        # watch has the patch: filter then reads the node again (extender/recheck.py)
+        # rather than park the pod until the next cluster event or the 5-minute flush.
         wait_for(lambda: contract.LABEL_GPUS_UNHEALTHY not in _labels(stack, node), 30, "label")
         assert wait_bound(stack, whole, timeout=60) == node
         assert agent.alive(), agent.tail()

@@ -1,0 +1,36 @@
+"""A token bucket: ``rate`` tokens a second, at most ``burst`` held. The Event writer
+spends one per Event; the filter's recheck one per node it reads again."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+class TokenBucket:
+    __slots__ = ("_burst", "_clock", "_rate", "_refilled", "_tokens", "rate")
+
+    def __init__(
+        self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.rate = rate
+        self._burst = float(burst)
+        self._tokens = float(burst)
+        self._clock = clock
+        self._refilled = clock()
+
+    def level(self) -> float:
+        """The tokens it holds, refilled to now (read without taking any)."""
+        return self._at(self._clock())
+
+    def take(self) -> bool:
+        """Spend one token, if there is one."""
+        now = self._clock()
+        self._tokens, self._refilled = self._at(now), now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        return False
+
+    def _at(self, now: float) -> float:
+        return min(self._burst, self._tokens + (now - self._refilled) * self.rate)

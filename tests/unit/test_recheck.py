@@ -1,0 +1,149 @@
+"""Filter's recheck (extender/recheck.py): before every candidate turns a pod away, the
+few candidates are read again from the API server, so a watch that is behind
+kube-scheduler's informer does not park the pod as unschedulable. The fake API server
+changes its objects without the watch saying so: a watch that is behind."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import REGISTRY
+
+from extender import recheck as recheck_module
+from extender.app import create_app
+from extender.bucket import TokenBucket
+from extender.recheck import Recheck
+from tests.factories import make_node, make_pod
+from tests.fakeapi import FakeCore, synced_cache
+from tests.helpers import wait_for
+
+H100 = dict(product="NVIDIA-H100-80GB-HBM3", memory_mib=81559)
+HOLDER = make_pod("holder", 8, node="a", phase="Running")
+FULL = "0 of 8 GPUs free; pod requests 8"
+
+
+@pytest.fixture
+def cluster():
+    core = FakeCore(
+        [make_node("a", 8, **H100), make_node("small", 4, **H100)]
+        + [make_node(f"n{i}", 8, **H100) for i in range(recheck_module.MAX_NODES)],
+        [HOLDER] + [make_pod(f"h{i}", 8, node=f"n{i}", phase="Running") for i in range(8)],
+    )
+    cache = synced_cache(core=core)
+    yield create_app(node_source="cluster", cache=cache).test_client(), cache, core
+    cache.stop()
+
+
+def _filter(client, pod, names):
+    return client.post("/filter", json={"Pod": pod, "Nodes": None, "NodeNames": names}).get_json()
+
+
+def _rechecks(outcome: str) -> float:
+    value = REGISTRY.get_sample_value("gpu_scheduler_extender_rechecks_total", {"outcome": outcome})
+    return value or 0.0
+
+
+def test_a_freed_node_the_watch_has_not_told_of_is_read_again_and_offered(cluster):
+    client, cache, core = cluster
+    changed = _rechecks("changed")
+    core.list_pod_for_all_namespaces.remove("holder")  # deleted; the watch is behind
+    body = _filter(client, make_pod("p", 8), ["a"])
+    assert body["Error"] == "" and body["NodeNames"] == ["a"], body
+    assert core.node_reads == ["a"]
+    assert cache.view().used_gpus("a") == 0 and cache.pods_on("a") == {}
+    assert _rechecks("changed") == changed + 1
+    # The watch then says what the cache already took: nothing moves.
+    core.list_pod_for_all_namespaces.event("DELETED", HOLDER)
+    core.list_node.event("MODIFIED", make_node("small", 4, **H100))  # a marker behind it
+    wait_for(lambda: cache.view().version[0] > 1, 5, "the node event")
+    assert cache.view().used_gpus("a") == 0
+
+
+def test_a_node_changed_on_the_api_server_is_read_again(cluster):
+    client, cache, core = cluster
+    core.list_node.change(make_node("small", 8, **H100))  # the device plugin grew it to 8
+    body = _filter(client, make_pod("p", 8), ["small"])
+    assert body["NodeNames"] == ["small"], body
+    assert cache.facts_of("small").allocatable == 8
+
+
+def test_pods_the_watch_has_not_told_of_are_taken_in_and_the_verdict_stands(cluster):
+    client, cache, core = cluster
+    pods = core.list_pod_for_all_namespaces
+    pods.remove("holder")  # gone, and another took 6 of its GPUs; the watch told neither
+    pods.change(make_pod("new", 6, node="a", phase="Running"))
+    body = _filter(client, make_pod("p", 4), ["a"])
+    assert body["NodeNames"] == [], body
+    # decided again on what the API server holds, not on what the watch had said
+    assert body["FailedNodes"] == {"a": "2 of 8 GPUs free; pod requests 4"}
+    assert cache.view().used_gpus("a") == 6
+
+
+def test_when_nothing_differs_the_answer_is_the_same_and_nothing_is_decided_again(cluster):
+    client, cache, core = cluster
+    same = _rechecks("same")
+    version = cache.view().version
+    body = _filter(client, make_pod("p", 8), ["a"])
+    assert body["NodeNames"] == [] and body["FailedNodes"] == {
+        "a": "0 of 8 GPUs free; pod requests 8"
+    }
+    assert core.node_reads == ["a"] and _rechecks("same") == same + 1
+    assert cache.view().version == version
+
+
+def test_a_pod_that_fits_somewhere_or_has_many_candidates_reads_nothing(cluster):
+    client, _, core = cluster
+    assert _filter(client, make_pod("p", 4), ["a", "small"])["NodeNames"] == ["small"]
+    many = ["a"] + [f"n{i}" for i in range(recheck_module.MAX_NODES)]
+    assert _filter(client, make_pod("p", 8), many)["NodeNames"] == []
+    assert core.node_reads == []
+
+
+def test_a_pod_whose_own_spec_is_unreadable_reads_nothing(cluster):
+    client, _, core = cluster
+    pod = make_pod("p", 1)
+    pod["spec"]["containers"] = "not a list"
+    body = _filter(client, pod, ["a"])
+    assert body["NodeNames"] == [] and core.node_reads == []
+
+
+def test_a_failed_read_leaves_the_verdict_as_it_was(cluster):
+    client, _, core = cluster
+    failed = _rechecks("failed")
+    core.fail_reads.append(ApiException(status=500, reason="etcd timeout"))
+    core.list_pod_for_all_namespaces.remove("holder")
+    body = _filter(client, make_pod("p", 8), ["a"])
+    assert body["Error"] == "" and body["FailedNodes"] == {"a": FULL}
+    assert _rechecks("failed") == failed + 1
+
+
+def test_a_node_gone_from_the_api_server_leaves_the_cache(cluster):
+    _, cache, core = cluster
+    core.list_node.remove("small")
+    assert cache.recheck(["small"]) == 1
+    assert cache.facts_of("small") is None and "small" not in cache.view().nodes
+
+
+def test_reads_are_rate_limited_across_calls(cluster):
+    _, cache, core = cluster
+    skipped = _rechecks("skipped")
+    limited = Recheck(cache, core, bucket=TokenBucket(0.0, 1))
+    core.list_pod_for_all_namespaces.remove("holder")
+    assert limited(["small", "a"]) == 0  # "small" took the one token; "a" waits
+    assert core.node_reads == ["small"] and _rechecks("skipped") == skipped + 1
+    assert Recheck(cache, core)(["a"]) == 1
+
+
+def test_a_timed_out_read_is_asked_once_more_over_a_new_connection(cluster):
+    from urllib3.exceptions import ReadTimeoutError
+
+    client, _, core = cluster
+    core.fail_reads.append(ReadTimeoutError(None, "/api/v1/nodes/a", "Read timed out."))
+    core.list_pod_for_all_namespaces.remove("holder")
+    body = _filter(client, make_pod("p", 8), ["a"])
+    assert body["NodeNames"] == ["a"] and core.node_reads == ["a", "a"]
+    # a second silence in a row is a failure: the verdict stands
+    timeout = ReadTimeoutError(None, "/api/v1/nodes/a", "Read timed out.")
+    core.fail_reads.extend([timeout, timeout])
+    core.list_pod_for_all_namespaces.change(make_pod("again", 8, node="a", phase="Running"))
+    assert _filter(client, make_pod("p", 8), ["a"])["NodeNames"] == ["a"]
