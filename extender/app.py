@@ -180,19 +180,18 @@ class Decider:
                 "prepared_after_ms": round(taken.after * 1000, 3),
                 "prepared_wait_ms": round(taken.waited * 1000, 3),
             }
-        if chosen is not None and self.explainer is not None:
+        if self.explainer is not None and chosen is not None:
             self.explainer.remember(chosen)
+        elif self.explainer is not None and details.get("explained") is False:
+            self.explainer.unexplained()  # once for the answer given, prepared or not
         return body, details, None
 
     def _score(self, req: Call) -> tuple[bytes, dict[str, Any], Decision | None]:
         """Prioritize's answer, its log details, and the decision to explain."""
         uid = _uid(req.args.pod)
-        explain = (
-            self.explainer is not None
-            and req.pod.gpus > 0
-            and uid is not None
-            and self.explainer.admit()  # its Event would not be dropped for the rate
-        )
+        wanted = self.explainer is not None and req.pod.gpus > 0 and uid is not None
+        # only where its Event would not be dropped for the rate
+        explain = wanted and self.explainer is not None and self.explainer.admit()
         parts: dict[str, list[float]] | None = {} if explain else None
         array = score_array(
             req.pod, req.nodes, req.view, self.policies, self.cfg, parts, req.args.names
@@ -218,6 +217,8 @@ class Decider:
             "top": int(array[best]) if best is not None else None,
             "view_pods": req.view.pods,  # the view scored on (a prepared answer: filter's)
         }
+        if wanted and not explain:
+            details["explained"] = False
         return body, details, chosen
 
     def _group_note(self, req: Call) -> Callable[[int], str | None] | None:

@@ -284,13 +284,16 @@ class Explainer:
         """Whether to work out the decision about to be made: its Event would find a
         token when written (the bucket, refilled to now, holds one more than the
         Events already queued). Above the rate (a burst of pods) the Event would be
-        dropped at the writer, so it is counted dropped now and not worked out."""
+        dropped at the writer, so it is not worked out; the caller says
+        :meth:`unexplained` for the answer it gives, once a pod."""
         # Read without the writer's cooperation: a refill racing this read makes it
         # off by a fraction of a token, which only moves the one pod at the edge.
-        if self._bucket.level() - self._queue.qsize() >= 1:
-            return True
+        return self._bucket.level() - self._queue.qsize() >= 1
+
+    def unexplained(self) -> None:
+        """A placement answered without its explanation (:meth:`admit` said no): its
+        Event is counted dropped, as the writer would have counted it."""
         self._count("dropped")
-        return False
 
     def remember(self, d: Decision) -> None:
         if not d.uid or not d.top:

@@ -240,10 +240,12 @@ def test_a_decision_is_worked_out_only_while_the_rate_leaves_room_for_its_event(
         explainer.remember(sample(uid))
         explainer.bound(uid, "a")
     assert not explainer.admit()  # two tokens, two Events queued for them
+    assert explainer.dropped == 0  # a reading: the answer given says whether it was used
+    explainer.unexplained()
     assert explainer.dropped == 1  # counted as the writer would have
     explainer.drain()
     assert explainer.written == 2 and not explainer.admit()  # the bucket is empty
     now[0] = 0.5
     assert not explainer.admit()
     now[0] = 1.0  # one token again
-    assert explainer.admit() and explainer.dropped == 3
+    assert explainer.admit() and explainer.dropped == 1

@@ -222,3 +222,6 @@ def test_past_the_event_rate_no_explanation_is_worked_out_and_the_answer_is_the_
     answer = post(client, "prioritize", body(pod, passed))
     assert remembered == []  # not explained: its Event would be dropped for the rate
     assert answer == post(fresh, "prioritize", body(pod, passed))
+    assert explainer.dropped == 1  # once for the pod, though its answer was prepared
+    post(client, "prioritize", body(pod, passed))  # the preparation used: computed now
+    assert explainer.dropped == 2  # one answer given, one Event counted dropped
