@@ -43,6 +43,18 @@ def create_node(stack, name: str, *, case: str, gpus: int | None = None, **kwarg
     return name
 
 
+def play_kubelet_with_device_plugin(stack, node: str, gpus: int) -> None:
+    """What the kubelet writes when the NVIDIA device plugin registers ``gpus``."""
+    value = str(gpus)
+    patch = {
+        "status": {
+            "capacity": {contract.RESOURCE_GPU: value},
+            "allocatable": {contract.RESOURCE_GPU: value},
+        }
+    }
+    core(stack).patch_node_status(node, patch, field_manager="kubelet")
+
+
 def pod_manifest(
     name: str,
     gpus: int = 0,

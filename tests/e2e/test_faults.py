@@ -17,8 +17,20 @@ import pytest
 import requests
 
 from gpu_scheduler import contract
-from tests.e2e.kube import bind_pod, core, delete_pod, put_lease, wait_bound, wait_event
-from tests.e2e.scenarios import Scenario, own_stack, scenario
+from tests.e2e.kube import (
+    bind_pod,
+    core,
+    create_node,
+    delete_pod,
+    gpu_labels,
+    play_kubelet_with_device_plugin,
+    pod_manifest,
+    put_lease,
+    unique,
+    wait_bound,
+    wait_event,
+)
+from tests.e2e.scenarios import GPU_TAINT, H100, Scenario, own_stack, scenario
 from tests.helpers import wait_for
 
 
@@ -80,6 +92,34 @@ def test_a_retry_the_watch_has_not_caught_up_with_reads_the_node_again(faults):
         assert s.metric('gpu_scheduler_extender_rechecks_total{outcome="changed"}') >= 1
         assert "went silent" not in s.extender.log_path.read_text()
         print(f"watch behind: the waiting pod bound {took:.1f}s after the holder went")
+
+
+def test_gpus_that_appear_while_the_watch_is_behind_take_the_waiting_pod(faults):
+    """The autoscaler's path: a new node has registered without GPUs, a GPU pod waits,
+    and the device plugin then advertises 8. kube-scheduler retries the pod on that
+    Node update at once; the extender's watches are frozen, so its view still has a
+    node without GPUs. Filter reads the node again and the pod is bound."""
+    with scenario(faults, "appear") as s:
+        wait_for(lambda: s.ready() == 200, 30, "extender ready")
+        labels = gpu_labels(8, *H100)
+        node = create_node(faults, unique("appear"), case="appear", labels=labels, taints=GPU_TAINT)
+        waiting = s.pod(8, "appear")
+        wait_event(faults, waiting, "Insufficient nvidia.com/gpu")  # kube-scheduler's own fit
+        probe = pod_manifest("probe", 8)
+        reason = "advertises no allocatable"
+        wait_for(
+            lambda: reason in s.filter(probe, [node])["FailedNodes"].get(node, ""),
+            30,
+            "the extender knows the node, labelled but without GPUs",
+        )
+        assert s.proxy is not None and s.proxy.freeze() >= 2
+        advertised_at = time.monotonic()
+        play_kubelet_with_device_plugin(faults, node, 8)
+        assert wait_bound(faults, waiting, timeout=45) == node
+        took = time.monotonic() - advertised_at
+        assert took < 30, took  # the watches were still silent: only the recheck knew
+        assert s.metric('gpu_scheduler_extender_rechecks_total{outcome="changed"}') >= 1
+        print(f"GPUs appearing behind the watch: the waiting pod bound {took:.1f}s later")
 
 
 def test_a_slow_first_list_does_not_park_pods(faults):

@@ -17,7 +17,15 @@ import requests
 from kubernetes import client
 
 from gpu_scheduler import contract, dra
-from tests.e2e.kube import core, create_node, gpu_labels, read_lease, wait_bound, wait_event
+from tests.e2e.kube import (
+    core,
+    create_node,
+    gpu_labels,
+    play_kubelet_with_device_plugin,
+    read_lease,
+    wait_bound,
+    wait_event,
+)
 from tests.e2e.scenarios import (
     GPU_TAINT,
     create_gpu_device_class,
@@ -46,18 +54,6 @@ def lab(tmp_path_factory, control_plane_binary):
     stack = own_stack(tmp_path_factory.mktemp("gpustack"), control_plane_binary)
     yield stack
     stack.stop()
-
-
-def play_kubelet_with_device_plugin(stack, node: str, gpus: int) -> None:
-    """What the kubelet writes when the NVIDIA device plugin registers ``gpus``."""
-    value = str(gpus)
-    patch = {
-        "status": {
-            "capacity": {contract.RESOURCE_GPU: value},
-            "allocatable": {contract.RESOURCE_GPU: value},
-        }
-    }
-    core(stack).patch_node_status(node, patch, field_manager="kubelet")
 
 
 def owned_by(stack, node: str, manager: str) -> list[dict[str, Any]]:
