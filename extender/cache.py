@@ -60,8 +60,8 @@ class ClusterCache:
         # a node whose GPUs a DRA driver publishes, its devices of the GPU class.
         self._base: dict[str, NodeFacts] = {}
         self._nodes: dict[str, NodeFacts] = {}
-        # The nodes whose facts come from DRA (their GPUs in use are the claims'): kept
-        # as a set so a view or a claim change visits them, not all 5,000 nodes.
+        # The nodes whose facts come from DRA (their GPUs in use are the claims'): a set,
+        # so a view or a claim change visits them, not all 5,000 nodes.
         self._dra_nodes: set[str] = set()
         self._dra = DraIndex()
         # Node name -> its agent's last Lease renewal (None: a Lease not renewed yet).
@@ -74,8 +74,7 @@ class ClusterCache:
         self._capacity: dict[str, int] = {}
         self._demand: dict[str, float] = {}
         self._demand_total = 0
-        # CPU and memory held by the bound GPU pods per node, and the shapes of those
-        # pods (the workload mix the fragmentation policy plans for).
+        # CPU and memory of the bound GPU pods per node; their shapes (workload mix).
         self._cpu_used: dict[str, int] = {}
         self._ram_used: dict[str, int] = {}
         self._shapes: dict[TaskShape, int] = {}
@@ -84,17 +83,13 @@ class ClusterCache:
         # The same facts and FreeState as rows (extender.columns), for the hot path.
         self._table = NodeTable()
         self._lock = threading.Lock()
-        self._node_version = 0
-        self._pod_version = 0
+        self._node_version = self._pod_version = 0
         self._view: View | None = None
-        # Every node's heartbeat, sorted, kept in step with _nodes by _set_facts (a
-        # renewal moves one value; at 5,000 nodes there is one every ~60 ms, and
-        # re-sorting them all for each view was most of a rebuild). Views share a copy.
+        # Every node's heartbeat, sorted, kept in step with _nodes by _set_facts (re-sorting
+        # all 5,000 for each view was most of a rebuild). Views share a copy.
         self._beats: list[float] = []
         self._beats_view: tuple[int, list[float]] = (-1, [])
-        self._stop = threading.Event()
-        self._clock = clock
-        self._monotonic = monotonic
+        self._stop, self._clock, self._monotonic = threading.Event(), clock, monotonic
         self.reflectors: dict[str, Reflector] = {}
         #: Reads candidates again before filter turns a pod away (extender/recheck.py).
         self.recheck: Callable[[Sequence[str]], int] | None = None
@@ -163,9 +158,7 @@ class ClusterCache:
     def age(self) -> float | None:
         """Seconds since the stalest kind's last word (None: one was never listed)."""
         ages = [r.age() for r in self.reflectors.values()]
-        if not ages or any(a is None for a in ages):
-            return None
-        return max(ages)  # type: ignore[type-var]
+        return None if not ages or None in ages else max(ages)  # type: ignore[type-var]
 
     def ready(self) -> tuple[bool, str]:
         missing = [k for k, r in self.reflectors.items() if not r.synced.is_set()]
@@ -173,9 +166,8 @@ class ClusterCache:
             return False, f"waiting for the first list of {', '.join(missing) or 'anything'}"
         age = self.age() or 0.0
         summary = f"{len(self._nodes)} nodes, {len(self._pods)} pods cached"
-        dra_nodes = len(self._dra_nodes)
-        if dra_nodes:
-            summary += f", {dra_nodes} with DRA GPUs ({self._dra.device_class})"
+        if self._dra_nodes:
+            summary += f", {len(self._dra_nodes)} with DRA GPUs ({self._dra.device_class})"
         if "leases" in self.reflectors:
             summary += f", {len(self._leases)} agent heartbeats"
         if age > STALE_AFTER:
@@ -287,6 +279,14 @@ class ClusterCache:
     def facts_of(self, name: str) -> NodeFacts | None:
         """What the Node object itself says (no DRA devices, no heartbeat)."""
         return self._base.get(name)
+
+    def node_state(self, name: str) -> tuple[Any, set[str] | None]:
+        """What filter reads of a node (its facts and free state), and the keys of the
+        ResourceSlices that publish its GPUs (None: the API server serves none)."""
+        slices = self.reflectors.get("resourceslices")
+        with self._lock:
+            keys = None if slices is None or slices.absent else self._dra.slices_on(name)
+            return (self._nodes.get(name), self._free.get(name)), keys
 
     def _dra_changed(self, nodes: set[str], usage: bool) -> None:
         """After a DRA change (lock held): refresh the nodes it touched."""
@@ -442,7 +442,7 @@ class ClusterCache:
 
         apis = (core_api, resource_api, coordination_api, lease_namespace)
         self.reflectors = reflectors(self, *apis, self._stop, self._monotonic)
-        self.recheck = Recheck(self, core_api)
+        self.recheck = Recheck(self, core_api, resource_api)
         for reflector in self.reflectors.values():
             reflector.start()
 

@@ -114,6 +114,10 @@ class DraIndex:
         """The node's devices of the class that carry a blocking taint, and their taints."""
         return {k: self._tainted[k] for k in self.gpus(node) if k in self._tainted}
 
+    def slices_on(self, node: str) -> set[str]:
+        """The keys of the ResourceSlices that publish GPUs of the node."""
+        return set(self._node_slices.get(node, ()))
+
     @property
     def device_class(self) -> str | None:
         return self._matcher.device_class.name if self._matcher else None

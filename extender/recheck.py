@@ -11,8 +11,9 @@ the pod is parked as unschedulable until the next cluster event; in a quiet clus
 that is kube-scheduler's 5-minute flush of its unschedulable pods.
 
 So when filter would pass none of at most :data:`MAX_NODES` candidates, it reads
-those Nodes and the pods bound to them from the API server (quorum reads), takes
-what differs into the cache as a watch event would, and decides again. The watch
+those Nodes and the pods bound to them from the API server (quorum reads), and on a
+node whose GPUs a DRA driver publishes its ResourceSlices (a device taint cleared),
+takes what differs into the cache as a watch event would, and decides again. The watch
 later delivers the same objects, or older states of them followed by the same ones:
 the cache ends where the API server is either way.
 
@@ -26,7 +27,8 @@ Bounded, because this is kube-scheduler's hot path and the API server's load:
   (kube-scheduler's extender ``httpTimeout`` is 5 s). A failed read is logged and
   counted, and the verdict stands.
 
-Not read again: DRA claims and slices, and the agents' Leases (kube-scheduler does
+Not read again: DRA claims (which devices are in use; a claim names no node a field
+selector can find) and DeviceTaintRules, and the agents' Leases (kube-scheduler does
 not watch Leases: a renewal is never the event that a retry follows).
 """
 
@@ -40,7 +42,7 @@ from typing import Any
 from extender import metrics
 from extender.bucket import TokenBucket
 from extender.model import node_facts
-from extender.records import PodRecord, pod_record
+from extender.records import PodRecord, object_key, pod_record
 from extender.sources import LIVE_PODS
 from gpu_scheduler.fields import FieldError
 from gpu_scheduler.kube import decode_json, is_timeout, reset_connections
@@ -64,12 +66,13 @@ class Recheck:
         self,
         cache: Any,  # extender.cache.ClusterCache (which builds this one)
         core: Any,  # kubernetes.client.CoreV1Api
+        resource: Any = None,  # kubernetes.client.ResourceV1Api (DRA)
         *,
         bucket: TokenBucket | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._cache = cache
-        self._core = core
+        self._core, self._resource = core, resource
         self._bucket = bucket or TokenBucket(RATE, BURST, clock)
         self._clock = clock
 
@@ -96,14 +99,32 @@ class Recheck:
 
     def _read_again(self, name: str) -> int:
         try:
-            return self._node(name) + self._pods(name)
+            return self._node(name) + self._pods(name) + self._slices(name)
         except Exception as exc:
             if not is_timeout(exc):
                 raise
         # Maybe a half-open pooled connection (the watches find theirs only after
         # 50 s of silence): drop the idle ones and ask once more over a new one.
         reset_connections(self._core.api_client)
-        return self._node(name) + self._pods(name)
+        return self._node(name) + self._pods(name) + self._slices(name)
+
+    def _slices(self, name: str) -> int:
+        """On a node whose GPUs a DRA driver publishes (or may: the Node itself says
+        none), its ResourceSlices; 1 where what filter reads of the node changed."""
+        before, known = self._cache.node_state(name)
+        base = self._cache.facts_of(name)
+        if self._resource is None or known is None or (base and base.allocatable):
+            return 0
+        page = self._read(
+            self._resource.list_resource_slice, field_selector=f"spec.nodeName={name}"
+        )
+        listed = set()
+        for item in page.get("items") or ():
+            self._cache.slice_event("MODIFIED", item)
+            listed.add(object_key(item))
+        for key in known - listed:
+            self._cache.slice_event("DELETED", {"metadata": {"uid": key}})
+        return int(self._cache.node_state(name)[0] != before)
 
     def _node(self, name: str) -> int:
         known = self._cache.facts_of(name)

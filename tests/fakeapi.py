@@ -185,15 +185,16 @@ def synced_cache(
     pods: Iterable[Mapping[str, Any]] = (),
     *,
     core: FakeCore | None = None,
+    resource: Any = None,
     **kwargs: Any,
 ) -> Any:
     """A :class:`ClusterCache` listed from a :class:`FakeCore` (its watches stay open):
-    ``core``, or one holding ``nodes`` and ``pods``."""
+    ``core``, or one holding ``nodes`` and ``pods``; with ``resource``, the DRA kinds."""
     from extender.cache import ClusterCache
 
     cache = ClusterCache(**kwargs)
     core = core or FakeCore(nodes, pods)
-    cache.start(core)
+    cache.start(core, resource)
     for reflector in cache.reflectors.values():
         if not reflector.synced.wait(5):
             raise TimeoutError(f"{reflector.kind} never listed")

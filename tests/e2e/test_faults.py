@@ -30,7 +30,15 @@ from tests.e2e.kube import (
     wait_bound,
     wait_event,
 )
-from tests.e2e.scenarios import GPU_TAINT, H100, Scenario, own_stack, scenario
+from tests.e2e.scenarios import (
+    GPU_TAINT,
+    H100,
+    Scenario,
+    create_gpu_device_class,
+    own_stack,
+    publish_slice,
+    scenario,
+)
 from tests.helpers import wait_for
 
 
@@ -120,6 +128,47 @@ def test_gpus_that_appear_while_the_watch_is_behind_take_the_waiting_pod(faults)
         assert took < 30, took  # the watches were still silent: only the recheck knew
         assert s.metric('gpu_scheduler_extender_rechecks_total{outcome="changed"}') >= 1
         print(f"GPUs appearing behind the watch: the waiting pod bound {took:.1f}s later")
+
+
+def test_a_dra_device_healed_while_the_watch_is_behind_takes_the_waiting_pod(faults):
+    """A node of 4 DRA GPUs, one tainted NoSchedule by the driver's health check
+    (KEP-5055, served from 1.37); a 4-GPU pod waits. The extender's watches are frozen,
+    and the driver clears the taint: kube-scheduler retries the pod on the slice
+    update, the extender's view still has the taint, and filter reads the node's
+    ResourceSlices again."""
+    from kubernetes import client
+
+    resource = client.ResourceV1Api(faults.api)
+    if int(client.VersionApi(faults.api).get_code().minor.rstrip("+")) < 37:
+        pytest.skip("device taints are served from 1.37")
+    create_gpu_device_class(faults)
+    node = create_node(faults, unique("drasick"), case="drasick", taints=GPU_TAINT)
+    taint = {"key": "gpu.nvidia.com/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
+    publish_slice(faults, node, "NVIDIA L4", 23034, 4, taints={1: [taint]})
+    with scenario(faults, "drasick") as s:
+        wait_for(lambda: s.ready() == 200, 30, "extender ready")
+        probe = pod_manifest("probe", 4)
+        wait_for(
+            lambda: (
+                "healthy" in s.filter(probe, [node])["FailedAndUnresolvableNodes"].get(node, "")
+            ),
+            30,
+            "the extender sees the tainted device",
+        )
+        waiting = s.pod(4, "drasick")
+        wait_event(faults, waiting, "FailedScheduling")
+        assert s.proxy is not None and s.proxy.freeze() >= 2
+        (found,) = resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items
+        healed = faults.api.sanitize_for_serialization(found)
+        for each in healed["spec"]["devices"]:
+            each.pop("taints", None)
+        healed_at = time.monotonic()
+        resource.replace_resource_slice(healed["metadata"]["name"], healed)
+        assert wait_bound(faults, waiting, timeout=45) == node
+        took = time.monotonic() - healed_at
+        assert took < 30, took  # the watches were still silent: only the recheck knew
+        assert s.metric('gpu_scheduler_extender_rechecks_total{outcome="changed"}') >= 1
+        print(f"DRA device healed behind the watch: the waiting pod bound {took:.1f}s later")
 
 
 def test_a_slow_first_list_does_not_park_pods(faults):

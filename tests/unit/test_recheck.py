@@ -147,3 +147,38 @@ def test_a_timed_out_read_is_asked_once_more_over_a_new_connection(cluster):
     core.fail_reads.extend([timeout, timeout])
     core.list_pod_for_all_namespaces.change(make_pod("again", 8, node="a", phase="Running"))
     assert _filter(client, make_pod("p", 8), ["a"])["NodeNames"] == ["a"]
+
+
+def test_a_dra_device_taint_cleared_behind_the_watch_is_read_again():
+    """A node of 4 DRA GPUs, one tainted NoSchedule (the driver's health check); the
+    driver clears the taint and the slice watch has not said so."""
+    from tests.fakeapi import FakeListWatch
+    from tests.unit.test_dra import device_class, gpu_device, resource_slice
+
+    sick = [gpu_device(i, "NVIDIA L4", 23034) for i in range(4)]
+    sick[1]["taints"] = [
+        {"key": "gpu.nvidia.com/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
+    ]
+
+    class ResourceApi:
+        list_device_class = FakeListWatch([device_class()])
+        list_resource_slice = FakeListWatch([resource_slice("dra", sick)])
+        list_resource_claim_for_all_namespaces = FakeListWatch()
+        list_device_taint_rule = FakeListWatch()
+
+    core = FakeCore([make_node("dra"), make_node("dp", 8, **H100)])
+    cache = synced_cache(core=core, resource=ResourceApi())
+    try:
+        client = create_app(node_source="cluster", cache=cache).test_client()
+        wait_for(lambda: "dra" in cache.view().nodes and cache.view().nodes["dra"].dra, 5, "DRA")
+        healed = resource_slice("dra", [gpu_device(i, "NVIDIA L4", 23034) for i in range(4)])
+        ResourceApi.list_resource_slice.change(healed)
+        body = _filter(client, make_pod("p", 4), ["dra"])
+        assert body["NodeNames"] == ["dra"], body
+        assert core.node_reads == ["dra"]
+        # a device-plugin node's slices are not read: its GPUs are the Node's
+        reads = ResourceApi.list_resource_slice.lists
+        _filter(client, make_pod("p", 9), ["dp"])
+        assert ResourceApi.list_resource_slice.lists == reads
+    finally:
+        cache.stop()
