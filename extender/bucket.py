@@ -3,12 +3,13 @@ spends one per Event; the filter's recheck one per node it reads again."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
 
 class TokenBucket:
-    __slots__ = ("_burst", "_clock", "_rate", "_refilled", "_tokens", "rate")
+    __slots__ = ("_burst", "_clock", "_lock", "_refilled", "_tokens", "rate")
 
     def __init__(
         self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic
@@ -18,6 +19,7 @@ class TokenBucket:
         self._tokens = float(burst)
         self._clock = clock
         self._refilled = clock()
+        self._lock = threading.Lock()  # request threads take tokens side by side
 
     def level(self) -> float:
         """The tokens it holds, refilled to now (read without taking any)."""
@@ -25,12 +27,13 @@ class TokenBucket:
 
     def take(self) -> bool:
         """Spend one token, if there is one."""
-        now = self._clock()
-        self._tokens, self._refilled = self._at(now), now
-        if self._tokens >= 1:
-            self._tokens -= 1
-            return True
-        return False
+        with self._lock:
+            now = self._clock()
+            self._tokens, self._refilled = self._at(now), now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return True
+            return False
 
     def _at(self, now: float) -> float:
         return min(self._burst, self._tokens + (now - self._refilled) * self.rate)

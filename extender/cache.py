@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from extender import dra_index, metrics
+from extender.cache_recheck import RecheckAccess
 from extender.columns import FreeState, NodeTable, free_state
 from extender.dra_index import DraIndex
 from extender.model import NodeFacts, lease_heartbeat, node_facts
@@ -41,7 +42,7 @@ STALE_AFTER = 40.0
 VIEW_MAX_AGE = 1.0
 
 
-class ClusterCache:
+class ClusterCache(RecheckAccess):
     """Node facts and GPU use, kept current by list+watch; :meth:`view` for readers."""
 
     def __init__(
@@ -82,7 +83,11 @@ class ClusterCache:
         self._free: dict[str, FreeState] = {}
         # The same facts and FreeState as rows (extender.columns), for the hot path.
         self._table = NodeTable()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by the recheck's apply_unless_moved
+        # Per node, the number of the cache's change that last touched it (the recheck's
+        # marks: extender/cache_recheck.py); a relist starts a new epoch.
+        self._marks: dict[str, int] = {}
+        self._epoch = self._changes = 0
         self._node_version = self._pod_version = 0
         self._view: View | None = None
         # Every node's heartbeat, sorted, kept in step with _nodes by _set_facts (re-sorting
@@ -217,6 +222,8 @@ class ClusterCache:
 
     def _refresh_free(self, name: str) -> None:
         """Recompute a node's FreeState from its facts and its pods (lock held)."""
+        self._changes += 1
+        self._marks[name] = self._changes
         facts = self._nodes.get(name)
         if facts is None:
             self._free.pop(name, None)
@@ -245,6 +252,7 @@ class ClusterCache:
                 continue
             fresh[facts.name] = facts
         with self._lock:
+            self._epoch, self._marks = self._epoch + 1, {}
             self._base, self._nodes, self._capacity, self._free = fresh, {}, {}, {}
             self._table = NodeTable(len(fresh))
             self._dra_nodes, self._beats = set(), []
@@ -275,18 +283,6 @@ class ClusterCache:
             self._set_facts(name)
             self._node_version += 1
         metrics.CACHE_OBJECTS.labels("nodes").set(len(self._base))
-
-    def facts_of(self, name: str) -> NodeFacts | None:
-        """What the Node object itself says (no DRA devices, no heartbeat)."""
-        return self._base.get(name)
-
-    def node_state(self, name: str) -> tuple[Any, set[str] | None]:
-        """What filter reads of a node (its facts and free state), and the keys of the
-        ResourceSlices that publish its GPUs (None: the API server serves none)."""
-        slices = self.reflectors.get("resourceslices")
-        with self._lock:
-            keys = None if slices is None or slices.absent else self._dra.slices_on(name)
-            return (self._nodes.get(name), self._free.get(name)), keys
 
     def _dra_changed(self, nodes: set[str], usage: bool) -> None:
         """After a DRA change (lock held): refresh the nodes it touched."""
@@ -371,6 +367,7 @@ class ClusterCache:
     def replace_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
         records = dict(filter(None, (pod_record(item) for item in items)))
         with self._lock:
+            self._epoch, self._marks = self._epoch + 1, {}
             self._pods = {}
             self._used, self._groups, self._demand, self._demand_total = {}, {}, {}, 0
             self._cpu_used, self._ram_used, self._shapes = {}, {}, {}
@@ -400,10 +397,6 @@ class ClusterCache:
         metrics.CACHE_OBJECTS.labels("pods").set(len(self._pods))
         if old is None and new is not None and new[1].gpus and self.on_bound is not None:
             self.on_bound(new[0], new[1].node)
-
-    def pods_on(self, node: str) -> dict[str, PodRecord]:
-        with self._lock:
-            return {uid: record for uid, record in self._pods.items() if record.node == node}
 
     def _account(self, record: PodRecord, sign: int) -> None:
         _add(self._used, record.node, sign * record.gpus)

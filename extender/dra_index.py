@@ -114,10 +114,6 @@ class DraIndex:
         """The node's devices of the class that carry a blocking taint, and their taints."""
         return {k: self._tainted[k] for k in self.gpus(node) if k in self._tainted}
 
-    def slices_on(self, node: str) -> set[str]:
-        """The keys of the ResourceSlices that publish GPUs of the node."""
-        return set(self._node_slices.get(node, ()))
-
     @property
     def device_class(self) -> str | None:
         return self._matcher.device_class.name if self._matcher else None
@@ -183,15 +179,24 @@ class DraIndex:
             touched |= self._put_slice(*parsed)
         return self._refresh(touched)
 
-    def _put_slice(self, name: str, parsed: tuple[str, str, int, list[dra.Device]]) -> set[str]:
+    def holds(self, obj: Mapping[str, Any]) -> bool:
+        """Whether the index keeps this ResourceSlice as it is: nothing to apply."""
+        parsed = parse_slice(obj)
+        if parsed is None or self._matcher is None:
+            return parsed is None
+        return self._slices.get(parsed[0]) == self._kept(parsed[1])
+
+    def _kept(self, parsed: tuple[str, str, int, list[dra.Device]]) -> _Slice:
         driver, pool, generation, devices = parsed
-        if self._matcher is None:
-            kept = []
-            if devices:
-                self.needs_relist = True  # a class may appear and select them
-        else:
-            kept = [(d.node, d.key, _gpu(d), d.taints) for d in devices if self._matcher.matches(d)]
-        self._slices[name] = (_intern(driver), _intern(pool), generation, kept)
+        match = self._matcher.matches if self._matcher is not None else lambda _: False
+        kept = [(d.node, d.key, _gpu(d), d.taints) for d in devices if match(d)]
+        return (_intern(driver), _intern(pool), generation, kept)
+
+    def _put_slice(self, name: str, parsed: tuple[str, str, int, list[dra.Device]]) -> set[str]:
+        if self._matcher is None and parsed[3]:
+            self.needs_relist = True  # a class may appear and select them
+        self._slices[name] = self._kept(parsed)
+        kept = self._slices[name][3]
         nodes = {node for node, _, _, _ in kept}
         for node in nodes:
             self._node_slices.setdefault(node, set()).add(name)

@@ -13,36 +13,46 @@ that is kube-scheduler's 5-minute flush of its unschedulable pods.
 So when filter would pass none of at most :data:`MAX_NODES` candidates, it reads
 those Nodes and the pods bound to them from the API server (quorum reads), and on a
 node whose GPUs a DRA driver publishes its ResourceSlices (a device taint cleared),
-takes what differs into the cache as a watch event would, and decides again. The watch
-later delivers the same objects, or older states of them followed by the same ones:
-the cache ends where the API server is either way.
+takes what differs into the cache as a watch event would, and decides again. What was
+read is applied only if the watch has not touched the node since the read began
+(extender/cache_recheck.py): a watch event that lands in between is newer than the
+cache's snapshot, and the recheck defers to it rather than put an older state back.
+The watch later delivers the same objects, or older states of them followed by the
+same ones: the cache ends where the API server is either way.
 
 Bounded, because this is kube-scheduler's hot path and the API server's load:
 - only a verdict of no node, for a pod whose own spec is readable;
 - only up to :data:`MAX_NODES` candidates: a pod that thousands of nodes turn away is
   not waiting on one event, and a cluster that size has its next event soon;
 - :data:`RATE` node reads a second across the process (burst :data:`BURST`);
-- each API call gives up after :data:`TIMEOUT` s (a timed-out node is asked once
-  more over a new connection), and no node is begun after :data:`DEADLINE` s
-  (kube-scheduler's extender ``httpTimeout`` is 5 s). A failed read is logged and
+- one filter's reads share :data:`BUDGET` s (kube-scheduler's extender
+  ``httpTimeout`` is 5 s): each API call may take :data:`TIMEOUT` s or what is left of
+  the budget, whichever is less, over a client of its own that urllib3 does not retry
+  (its default would try 4 times, each with the whole timeout); a node whose read
+  timed out is read once more over a new connection. A failed read is logged and
   counted, and the verdict stands.
 
 Not read again: DRA claims (which devices are in use; a claim names no node a field
-selector can find) and DeviceTaintRules, and the agents' Leases (kube-scheduler does
-not watch Leases: a renewal is never the event that a retry follows).
+selector can find), DeviceTaintRules, a ResourceSlice deleted or spanning nodes
+(``perDeviceNodeSelection``: no node's list returns it, so its absence says nothing),
+and the agents' Leases (kube-scheduler does not watch Leases: a renewal is never the
+event that a retry follows).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from extender import metrics
 from extender.bucket import TokenBucket
+from extender.cache_recheck import Snapshot
 from extender.model import node_facts
-from extender.records import PodRecord, object_key, pod_record
+from extender.records import pod_record
 from extender.sources import LIVE_PODS
 from gpu_scheduler.fields import FieldError
 from gpu_scheduler.kube import decode_json, is_timeout, reset_connections
@@ -51,12 +61,14 @@ log = logging.getLogger(__name__)
 
 #: Most candidates a verdict of no node is checked against the API server for.
 MAX_NODES = 8
-#: Node reads a second (each a Node and its pods), and the most at once.
+#: Node reads a second (each a Node, its pods, a DRA node's slices), and the most at once.
 RATE, BURST = 5.0, 20
-#: Seconds one API call may take (connect, then read), and all of one filter's reads
-#: before the next begins: at worst 1.5 + 2 x 2 x 0.5 = 3.5 s, inside kube-scheduler's
-#: extender httpTimeout of 5 s.
-TIMEOUT, DEADLINE = 0.5, 1.5
+#: Seconds one API call may take, and all of one filter's reads together.
+TIMEOUT, BUDGET = 0.5, 3.0
+
+
+class OutOfTime(Exception):
+    """The filter's budget for reads is spent."""
 
 
 class Recheck:
@@ -72,20 +84,20 @@ class Recheck:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._cache = cache
-        self._core, self._resource = core, resource
+        self._core, self._resource = _without_retries(core, resource)
         self._bucket = bucket or TokenBucket(RATE, BURST, clock)
         self._clock = clock
 
     def __call__(self, names: Sequence[str]) -> int:
         if not names or len(names) > MAX_NODES:
             return 0
-        started, changed = self._clock(), 0
+        deadline, changed = self._clock() + BUDGET, 0
         for name in dict.fromkeys(names):
-            if self._clock() - started > DEADLINE or not self._bucket.take():
+            if self._clock() >= deadline or not self._bucket.take():
                 metrics.RECHECKS.labels("skipped").inc()
                 continue
             try:
-                found = self._read_again(name)
+                found = self._read_again(name, deadline)
             except Exception as exc:
                 metrics.RECHECKS.labels("failed").inc()
                 log.warning(
@@ -97,77 +109,109 @@ class Recheck:
             changed += found
         return changed
 
-    def _read_again(self, name: str) -> int:
-        try:
-            return self._node(name) + self._pods(name) + self._slices(name)
-        except Exception as exc:
-            if not is_timeout(exc):
-                raise
-        # Maybe a half-open pooled connection (the watches find theirs only after
-        # 50 s of silence): drop the idle ones and ask once more over a new one.
-        reset_connections(self._core.api_client)
-        return self._node(name) + self._pods(name) + self._slices(name)
+    def _read_again(self, name: str, deadline: float) -> int:
+        """Snapshot, read everything, then apply it all at once (or nothing)."""
+        for attempt in (1, 2):
+            snapshot = self._cache.recheck_snapshot(name)
+            try:
+                read = self._read_node(name, snapshot, deadline)
+            except Exception as exc:
+                if attempt == 2 or not is_timeout(exc):
+                    raise
+                # Maybe a half-open pooled connection (the watches find theirs only
+                # after 50 s of silence): drop the idle ones, ask over a new one.
+                reset_connections(self._core.api_client)
+                continue
+            return self._cache.apply_unless_moved(snapshot, name, partial(self._apply, *read))
+        return 0  # not reached: the second attempt returns or raises
 
-    def _slices(self, name: str) -> int:
-        """On a node whose GPUs a DRA driver publishes (or may: the Node itself says
-        none), its ResourceSlices; 1 where what filter reads of the node changed."""
-        before, known = self._cache.node_state(name)
-        base = self._cache.facts_of(name)
-        if self._resource is None or known is None or (base and base.allocatable):
-            return 0
-        page = self._read(
-            self._resource.list_resource_slice, field_selector=f"spec.nodeName={name}"
-        )
-        listed = set()
-        for item in page.get("items") or ():
-            self._cache.slice_event("MODIFIED", item)
-            listed.add(object_key(item))
-        for key in known - listed:
-            self._cache.slice_event("DELETED", {"metadata": {"uid": key}})
-        return int(self._cache.node_state(name)[0] != before)
-
-    def _node(self, name: str) -> int:
-        known = self._cache.facts_of(name)
+    def _read_node(self, name: str, snapshot: Snapshot, deadline: float) -> tuple[Any, ...]:
         try:
-            obj = self._read(self._core.read_node, name)
+            node = self._read(deadline, self._core.read_node, name)
         except Exception as exc:
             if getattr(exc, "status", None) != 404:
                 raise
-            if known is None:
-                return 0
-            self._cache.node_event("DELETED", {"metadata": {"name": name}})
-            return 1
-        try:
-            if known == node_facts(obj, self._cache.levels):
-                return 0
-        except FieldError:
-            return 0  # the watch skips it too, and says so
-        self._cache.node_event("MODIFIED", obj)
-        return 1
-
-    def _pods(self, name: str) -> int:
-        page = self._read(
+            node = None
+        pods = self._read(
+            deadline,
             self._core.list_pod_for_all_namespaces,
             field_selector=f"spec.nodeName={name},{LIVE_PODS}",
-        )
-        objects: dict[str, Any] = {}
-        fresh: dict[str, PodRecord] = {}
-        for item in page.get("items") or ():
-            if (record := pod_record(item)) is not None:
-                objects[record[0]], fresh[record[0]] = item, record[1]
-        known = self._cache.pods_on(name)
-        changed = [uid for uid, record in fresh.items() if known.get(uid) != record]
-        for uid in changed:
-            self._cache.pod_event("MODIFIED", objects[uid])
-        gone = known.keys() - fresh.keys()
-        for uid in gone:
-            self._cache.pod_event("DELETED", {"metadata": {"uid": uid}})
-        return len(changed) + len(gone)
+        ).get("items")
+        slices = ()
+        base = snapshot.base
+        # A node whose Node advertises no GPUs: a DRA driver's, or about to be.
+        if (
+            self._resource is not None
+            and snapshot.slices_served
+            and not (base and base.allocatable)
+        ):
+            slices = (
+                self._read(
+                    deadline,
+                    self._resource.list_resource_slice,
+                    field_selector=f"spec.nodeName={name}",
+                ).get("items")
+                or ()
+            )
+        return name, snapshot, node, pods or (), slices
 
-    def _read(self, call: Callable[..., Any], *args: Any, **params: Any) -> Any:
-        timeout = (TIMEOUT, TIMEOUT)
-        response = call(*args, _preload_content=False, _request_timeout=timeout, **params)
+    def _apply(self, name: str, snapshot: Snapshot, node: Any, pods: Any, slices: Any) -> int:
+        """Under the cache's lock, nothing having touched the node since the snapshot."""
+        changed = 0
+        if node is None and snapshot.base is not None:
+            self._cache.node_event("DELETED", {"metadata": {"name": name}})
+            changed += 1
+        elif node is not None and _differs(snapshot.base, node, self._cache.levels):
+            self._cache.node_event("MODIFIED", node)
+            changed += 1
+        fresh = {}
+        for item in pods:
+            if (record := pod_record(item)) is not None:
+                fresh[record[0]] = (record[1], item)
+        for uid, (record, item) in fresh.items():
+            if snapshot.pods.get(uid) != record:
+                self._cache.pod_event("MODIFIED", item)
+                changed += 1
+        for uid in snapshot.pods.keys() - fresh.keys():
+            self._cache.pod_event("DELETED", {"metadata": {"uid": uid}})
+            changed += 1
+        before = self._cache.state_of(name)
+        for item in slices:
+            if not self._cache.slice_held(item):
+                self._cache.slice_event("MODIFIED", item)
+        return changed + int(bool(slices) and self._cache.state_of(name) != before)
+
+    def _read(self, deadline: float, call: Callable[..., Any], *args: Any, **params: Any) -> Any:
+        left = deadline - self._clock()
+        if left <= 0:
+            raise OutOfTime(f"the recheck's {BUDGET:.0f} s are spent")
+        timeout = min(TIMEOUT, left)
+        response = call(
+            *args, _preload_content=False, _request_timeout=(timeout, timeout), **params
+        )
         try:
             return decode_json(response.data)
         finally:
             response.release_conn()
+
+
+def _differs(known: Any, obj: Any, levels: Sequence[str]) -> bool:
+    try:
+        return known != node_facts(obj, levels)
+    except FieldError:
+        return False  # the watch skips it too, and says so
+
+
+def _without_retries(core: Any, resource: Any) -> tuple[Any, Any]:
+    """The same APIs over a client of their own whose calls urllib3 does not retry
+    (kubernetes' client leaves ``retries`` unset: urllib3 tries 4 times, each with the
+    whole timeout), so a call takes at most its timeout. Fakes pass through."""
+    configuration = getattr(getattr(core, "api_client", None), "configuration", None)
+    if configuration is None:
+        return core, resource
+    from kubernetes import client
+
+    configuration = copy.copy(configuration)
+    configuration.retries = False
+    api = client.ApiClient(configuration)
+    return client.CoreV1Api(api), client.ResourceV1Api(api) if resource is not None else None

@@ -50,7 +50,7 @@ def test_a_freed_node_the_watch_has_not_told_of_is_read_again_and_offered(cluste
     body = _filter(client, make_pod("p", 8), ["a"])
     assert body["Error"] == "" and body["NodeNames"] == ["a"], body
     assert core.node_reads == ["a"]
-    assert cache.view().used_gpus("a") == 0 and cache.pods_on("a") == {}
+    assert cache.view().used_gpus("a") == 0 and cache.recheck_snapshot("a").pods == {}
     assert _rechecks("changed") == changed + 1
     # The watch then says what the cache already took: nothing moves.
     core.list_pod_for_all_namespaces.event("DELETED", HOLDER)
@@ -64,7 +64,7 @@ def test_a_node_changed_on_the_api_server_is_read_again(cluster):
     core.list_node.change(make_node("small", 8, **H100))  # the device plugin grew it to 8
     body = _filter(client, make_pod("p", 8), ["small"])
     assert body["NodeNames"] == ["small"], body
-    assert cache.facts_of("small").allocatable == 8
+    assert cache.recheck_snapshot("small").base.allocatable == 8
 
 
 def test_pods_the_watch_has_not_told_of_are_taken_in_and_the_verdict_stands(cluster):
@@ -121,7 +121,7 @@ def test_a_node_gone_from_the_api_server_leaves_the_cache(cluster):
     _, cache, core = cluster
     core.list_node.remove("small")
     assert cache.recheck(["small"]) == 1
-    assert cache.facts_of("small") is None and "small" not in cache.view().nodes
+    assert cache.recheck_snapshot("small").base is None and "small" not in cache.view().nodes
 
 
 def test_reads_are_rate_limited_across_calls(cluster):
@@ -137,16 +137,88 @@ def test_reads_are_rate_limited_across_calls(cluster):
 def test_a_timed_out_read_is_asked_once_more_over_a_new_connection(cluster):
     from urllib3.exceptions import ReadTimeoutError
 
-    client, _, core = cluster
-    core.fail_reads.append(ReadTimeoutError(None, "/api/v1/nodes/a", "Read timed out."))
+    client, cache, core = cluster
+    silence = ReadTimeoutError(None, "/api/v1/nodes/a", "Read timed out.")
+    core.fail_reads.append(silence)
     core.list_pod_for_all_namespaces.remove("holder")
     body = _filter(client, make_pod("p", 8), ["a"])
     assert body["NodeNames"] == ["a"] and core.node_reads == ["a", "a"]
-    # a second silence in a row is a failure: the verdict stands
-    timeout = ReadTimeoutError(None, "/api/v1/nodes/a", "Read timed out.")
-    core.fail_reads.extend([timeout, timeout])
-    core.list_pod_for_all_namespaces.change(make_pod("again", 8, node="a", phase="Running"))
-    assert _filter(client, make_pod("p", 8), ["a"])["NodeNames"] == ["a"]
+    # a second silence in a row is a failure: the verdict stands, the cache unchanged
+    core.list_pod_for_all_namespaces.event("ADDED", make_pod("again", 8, node="a", phase="Running"))
+    wait_for(lambda: cache.view().used_gpus("a") == 8, 5, "the watch's new holder")
+    core.list_pod_for_all_namespaces.remove("again")  # gone; the watch has not said so
+    failed = _rechecks("failed")
+    core.fail_reads.extend([silence, silence])
+    body = _filter(client, make_pod("p", 8), ["a"])
+    assert body["NodeNames"] == [] and body["FailedNodes"] == {"a": FULL}
+    assert core.node_reads == ["a"] * 4 and _rechecks("failed") == failed + 1
+
+
+def test_what_the_watch_says_during_the_read_wins_over_the_read(cluster):
+    """The read sees a pod bound; while it is under way, the watch delivers that pod's
+    binding and its deletion. Applied after them, the read would bring back a pod the
+    watch will never speak of again: it is not applied."""
+    _, cache, core = cluster
+    ghost = make_pod("ghost", 8, node="small", phase="Running")
+    core.list_pod_for_all_namespaces.change(ghost)  # the API server has it bound
+    record = {**ghost, "metadata": {**ghost["metadata"], "uid": "ghost-uid"}}
+    core.list_pod_for_all_namespaces.change(record)
+    real = core.read_node
+
+    def read_while_the_watch_speaks(name: str, **kwargs):
+        cache.pod_event("ADDED", record)
+        cache.pod_event("DELETED", record)
+        return real(name, **kwargs)
+
+    core.read_node = read_while_the_watch_speaks  # type: ignore[method-assign]
+    assert cache.recheck(["small"]) == 0
+    assert "ghost-uid" not in cache.recheck_snapshot("small").pods
+    assert cache.view().used_gpus("small") == 0
+
+
+def test_the_reads_of_one_filter_share_a_budget():
+    """Each API call takes at most what is left of the budget: a slow API server
+    cannot hold kube-scheduler past its extender timeout."""
+    from extender.recheck import BUDGET, TIMEOUT, OutOfTime
+
+    now = [0.0]
+    timeouts: list[float] = []
+    took = [2.8]  # what the slow API server takes to answer a read of the Node
+
+    class SlowCore(FakeCore):
+        def read_node(self, name, **kwargs):
+            timeouts.append(kwargs["_request_timeout"][1])
+            now[0] += took[0]
+            return super().read_node(name, **kwargs)
+
+    core = SlowCore([make_node("a", 8, **H100)], [HOLDER])
+    pods = core.list_pod_for_all_namespaces
+    core.list_pod_for_all_namespaces = lambda **kw: (
+        timeouts.append(kw["_request_timeout"][1]) or pods(**kw)
+    )
+    cache = synced_cache(core=core)
+    try:
+        recheck = Recheck(cache, core, clock=lambda: now[0])
+        recheck._read_again("a", deadline=now[0] + BUDGET)
+        assert timeouts[-2:] == [TIMEOUT, pytest.approx(BUDGET - 2.8)]  # the Node, its pods
+        took[0] = BUDGET
+        with pytest.raises(OutOfTime):  # the pods' list finds no time left
+            recheck._read_again("a", deadline=now[0] + BUDGET)
+    finally:
+        cache.stop()
+
+
+def test_a_client_of_its_own_that_urllib3_does_not_retry():
+    from kubernetes import client
+
+    configuration = client.Configuration()
+    configuration.host = "https://127.0.0.1:1"
+    core = client.CoreV1Api(client.ApiClient(configuration))
+    own_core, own_resource = recheck_module._without_retries(core, object())
+    assert own_core.api_client is not core.api_client
+    assert own_core.api_client.configuration.retries is False
+    assert configuration.retries is None  # the watches' client is left as it was
+    assert own_resource.api_client is own_core.api_client
 
 
 def test_a_dra_device_taint_cleared_behind_the_watch_is_read_again():
@@ -180,5 +252,35 @@ def test_a_dra_device_taint_cleared_behind_the_watch_is_read_again():
         reads = ResourceApi.list_resource_slice.lists
         _filter(client, make_pod("p", 9), ["dp"])
         assert ResourceApi.list_resource_slice.lists == reads
+    finally:
+        cache.stop()
+
+
+def test_a_slice_that_spans_nodes_is_left_alone():
+    """perDeviceNodeSelection: each device names its node and the slice none, so no
+    node's list returns it; its absence from one node's list says nothing."""
+    from tests.fakeapi import FakeListWatch
+    from tests.unit.test_dra import device_class, gpu_device, resource_slice
+
+    spanning = resource_slice("d1", [])
+    del spanning["spec"]["nodeName"]
+    spanning["spec"]["perDeviceNodeSelection"] = True
+    spanning["spec"]["devices"] = [
+        {**gpu_device(i), "name": f"gpu-{node}-{i}", "nodeName": node}
+        for node in ("d1", "d2")
+        for i in range(2)
+    ]
+
+    class ResourceApi:
+        list_device_class = FakeListWatch([device_class()])
+        list_resource_slice = FakeListWatch([spanning])
+        list_resource_claim_for_all_namespaces = FakeListWatch()
+        list_device_taint_rule = FakeListWatch()
+
+    cache = synced_cache(core=FakeCore([make_node("d1"), make_node("d2")]), resource=ResourceApi())
+    try:
+        wait_for(lambda: cache.view().nodes.get("d2") is not None, 5, "the DRA nodes")
+        assert cache.recheck(["d1"]) == 0
+        assert cache.view().nodes["d1"].allocatable == 2 == cache.view().nodes["d2"].allocatable
     finally:
         cache.stop()
