@@ -142,9 +142,13 @@ class Decider:
             return req, outcome, 0
         if req.args.nodes is not None:  # the request's Nodes, not the cache's
             return req, outcome, 0
-        if req.pod.error is not None or not (changed := cache.recheck(req.args.names)):
+        if req.pod.error is not None:
             return req, outcome, 0
-        req = Call(req.args, req.pod, cache.view())
+        changed = cache.recheck(req.args.names)
+        view = cache.view()  # the watch may have caught up meanwhile, on its own
+        if not changed and view.version == req.view.version:
+            return req, outcome, 0
+        req = Call(req.args, req.pod, view)
         outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
         return req, outcome, changed
 

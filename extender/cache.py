@@ -84,8 +84,8 @@ class ClusterCache(RecheckAccess):
         # The same facts and FreeState as rows (extender.columns), for the hot path.
         self._table = NodeTable()
         self._lock = threading.RLock()  # re-entered by the recheck's apply_unless_moved
-        # Per node, the number of the cache's change that last touched it (the recheck's
-        # marks: extender/cache_recheck.py); a relist starts a new epoch.
+        # Per node, the number of the last change to what the recheck reads of it (its
+        # Node, pods, slices: extender/cache_recheck.py); a relist starts a new epoch.
         self._marks: dict[str, int] = {}
         self._epoch = self._changes = 0
         self._node_version = self._pod_version = 0
@@ -222,8 +222,6 @@ class ClusterCache(RecheckAccess):
 
     def _refresh_free(self, name: str) -> None:
         """Recompute a node's FreeState from its facts and its pods (lock held)."""
-        self._changes += 1
-        self._marks[name] = self._changes
         facts = self._nodes.get(name)
         if facts is None:
             self._free.pop(name, None)
@@ -281,6 +279,7 @@ class ClusterCache(RecheckAccess):
             else:
                 self._base[name] = facts
             self._set_facts(name)
+            self._touch(name)
             self._node_version += 1
         metrics.CACHE_OBJECTS.labels("nodes").set(len(self._base))
 
@@ -289,6 +288,7 @@ class ClusterCache(RecheckAccess):
         for name in nodes:
             self._set_facts(name)
         if nodes:
+            self._touch(*nodes)  # slices (what the recheck reads), classes, rules
             self._node_version += 1
         if usage:
             self._pod_version += 1
@@ -389,10 +389,12 @@ class ClusterCache(RecheckAccess):
             if old is not None:
                 self._account(old, -1)
                 self._refresh_free(old.node)
+                self._touch(old.node)
             if new is not None:
                 self._pods[new[0]] = new[1]
                 self._account(new[1], 1)
                 self._refresh_free(new[1].node)
+                self._touch(new[1].node)
             self._pod_version += 1
         metrics.CACHE_OBJECTS.labels("pods").set(len(self._pods))
         if old is None and new is not None and new[1].gpus and self.on_bound is not None:

@@ -4,9 +4,11 @@ The recheck reads a node from the API server outside the cache's lock, and a wat
 event may land in between: applied after it, what the recheck read could put back an
 older state (a pod the watch has just deleted, bound again forever). So the recheck
 first takes a :class:`Snapshot` of the node under the lock, with the node's *mark*:
-which change of the cache last touched it. It applies what it read only if the mark
-has not moved since (:meth:`RecheckAccess.apply_unless_moved`, under the same lock);
-if it has, the watch has spoken about the node meanwhile and the recheck defers to it.
+which change of the cache last touched what the recheck reads of it (its Node, its
+pods, its ResourceSlices; not claims or Leases, which it does not read). It applies
+what it read only if the mark has not moved since
+(:meth:`RecheckAccess.apply_unless_moved`, under the same lock); if it has, the watch
+has spoken about the node meanwhile, and the recheck defers to it.
 """
 
 from __future__ import annotations
@@ -42,7 +44,14 @@ class RecheckAccess:
     _dra: DraIndex
     _marks: dict[str, int]
     _epoch: int
+    _changes: int
     reflectors: Mapping[str, Any]
+
+    def _touch(self, *names: str) -> None:
+        """What the recheck reads of these nodes changed (lock held): a new mark."""
+        self._changes += 1
+        for name in names:
+            self._marks[name] = self._changes
 
     def _mark(self, name: str) -> tuple[int, int | None]:
         return self._epoch, self._marks.get(name)

@@ -182,9 +182,7 @@ class DraIndex:
     def holds(self, obj: Mapping[str, Any]) -> bool:
         """Whether the index keeps this ResourceSlice as it is: nothing to apply."""
         parsed = parse_slice(obj)
-        if parsed is None or self._matcher is None:
-            return parsed is None
-        return self._slices.get(parsed[0]) == self._kept(parsed[1])
+        return parsed is None or self._slices.get(parsed[0]) == self._kept(parsed[1])
 
     def _kept(self, parsed: tuple[str, str, int, list[dra.Device]]) -> _Slice:
         driver, pool, generation, devices = parsed

@@ -185,10 +185,9 @@ class Recheck:
         left = deadline - self._clock()
         if left <= 0:
             raise OutOfTime(f"the recheck's {BUDGET:.0f} s are spent")
+        # One number: the client makes it urllib3's total for connecting and reading.
         timeout = min(TIMEOUT, left)
-        response = call(
-            *args, _preload_content=False, _request_timeout=(timeout, timeout), **params
-        )
+        response = call(*args, _preload_content=False, _request_timeout=timeout, **params)
         try:
             return decode_json(response.data)
         finally:

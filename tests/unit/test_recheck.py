@@ -187,14 +187,14 @@ def test_the_reads_of_one_filter_share_a_budget():
 
     class SlowCore(FakeCore):
         def read_node(self, name, **kwargs):
-            timeouts.append(kwargs["_request_timeout"][1])
+            timeouts.append(kwargs["_request_timeout"])
             now[0] += took[0]
             return super().read_node(name, **kwargs)
 
     core = SlowCore([make_node("a", 8, **H100)], [HOLDER])
     pods = core.list_pod_for_all_namespaces
     core.list_pod_for_all_namespaces = lambda **kw: (
-        timeouts.append(kw["_request_timeout"][1]) or pods(**kw)
+        timeouts.append(kw["_request_timeout"]) or pods(**kw)
     )
     cache = synced_cache(core=core)
     try:
@@ -284,3 +284,23 @@ def test_a_slice_that_spans_nodes_is_left_alone():
         assert cache.view().nodes["d1"].allocatable == 2 == cache.view().nodes["d2"].allocatable
     finally:
         cache.stop()
+
+
+def test_a_watch_event_that_lands_during_the_read_is_decided_on(cluster):
+    """The watch delivers the holder's deletion while the recheck reads: the read is
+    not applied (the node's mark moved), but the pod is decided again on the view the
+    watch brought, not turned away on the old one."""
+    client, cache, core = cluster
+    holder = core.list_pod_for_all_namespaces.objects["holder"]
+    core.list_pod_for_all_namespaces.remove("holder")
+    real = core.read_node
+
+    def read_while_the_watch_speaks(name: str, **kwargs):
+        cache.pod_event("DELETED", holder)
+        return real(name, **kwargs)
+
+    core.read_node = read_while_the_watch_speaks  # type: ignore[method-assign]
+    same = _rechecks("same")
+    body = _filter(client, make_pod("p", 8), ["a"])
+    assert body["NodeNames"] == ["a"], body
+    assert _rechecks("same") == same + 1  # the read itself changed nothing
