@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import statistics
 import time
 from contextlib import ExitStack
 
@@ -186,4 +187,7 @@ def test_a_big_body_nobody_reads_costs_little(extender_server):
         assert r.status_code == 404
         time.sleep(0.2)  # what the worker does after answering counts too
         costs.append((cpu_ns(pids) - before) / 1e6)
-    assert max(costs) < 50, costs
+    # The fault cost 1.2 s a request. Reading costs 25-30 ms here, and one request in
+    # a few takes ~55 ms when the machine is busy (seen in CI): the median holds to
+    # the reading cost, and no request may come near the fault.
+    assert statistics.median(costs) < 50 and max(costs) < 250, costs
