@@ -138,11 +138,10 @@ class Decider:
         delivered (extender/recheck.py): before turning it away, read its few
         candidates again, and decide again where anything differed."""
         cache = self.cache
+        # (a request with Node objects is judged by them, not by the cache)
         if outcome.passed or cache is None or cache.recheck is None:
             return req, outcome, 0
-        if req.args.nodes is not None:  # the request's Nodes, not the cache's
-            return req, outcome, 0
-        if req.pod.error is not None:
+        if req.args.nodes is not None or req.pod.error is not None:
             return req, outcome, 0
         changed = cache.recheck(req.args.names)
         view = cache.view()  # the watch may have caught up meanwhile, on its own

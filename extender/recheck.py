@@ -132,28 +132,20 @@ class Recheck:
             if getattr(exc, "status", None) != 404:
                 raise
             node = None
-        pods = self._read(
-            deadline,
-            self._core.list_pod_for_all_namespaces,
-            field_selector=f"spec.nodeName={name},{LIVE_PODS}",
-        ).get("items")
-        slices = ()
+        pods = self._items(
+            deadline, self._core.list_pod_for_all_namespaces, f"spec.nodeName={name},{LIVE_PODS}"
+        )
+        slices: Any = ()
         base = snapshot.base
         # A node whose Node advertises no GPUs: a DRA driver's, or about to be.
-        if (
-            self._resource is not None
-            and snapshot.slices_served
-            and not (base and base.allocatable)
-        ):
-            slices = (
-                self._read(
-                    deadline,
-                    self._resource.list_resource_slice,
-                    field_selector=f"spec.nodeName={name}",
-                ).get("items")
-                or ()
+        if self._resource and snapshot.slices_served and not (base and base.allocatable):
+            slices = self._items(
+                deadline, self._resource.list_resource_slice, f"spec.nodeName={name}"
             )
-        return name, snapshot, node, pods or (), slices
+        return name, snapshot, node, pods, slices
+
+    def _items(self, deadline: float, call: Callable[..., Any], selector: str) -> Any:
+        return self._read(deadline, call, field_selector=selector).get("items") or ()
 
     def _apply(self, name: str, snapshot: Snapshot, node: Any, pods: Any, slices: Any) -> int:
         """Under the cache's lock, nothing having touched the node since the snapshot."""

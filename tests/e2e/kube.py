@@ -55,6 +55,11 @@ def play_kubelet_with_device_plugin(stack, node: str, gpus: int) -> None:
     core(stack).patch_node_status(node, patch, field_manager="kubelet")
 
 
+def server_minor(stack) -> int:
+    """The API server's Kubernetes minor (37 for 1.37)."""
+    return int(client.VersionApi(stack.api).get_code().minor.rstrip("+"))
+
+
 def pod_manifest(
     name: str,
     gpus: int = 0,

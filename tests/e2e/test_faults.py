@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -26,6 +28,7 @@ from tests.e2e.kube import (
     play_kubelet_with_device_plugin,
     pod_manifest,
     put_lease,
+    server_minor,
     unique,
     wait_bound,
     wait_event,
@@ -77,6 +80,23 @@ def test_a_half_open_connection_is_detected_and_healed(faults):
         print(f"half-open: 503 from {stale[0]:.0f}s to {stale[-1]:.0f}s; bound {bound_at:.0f}s")
 
 
+def _bound_behind_the_watch(
+    s: Scenario, waiting: str, node: str, change: Callable[[], object]
+) -> float:
+    """Freeze every connection the extender holds, its watches included (they hear
+    nothing more until the 50 s silence bound), make ``change`` on the API server, and
+    return how long the waiting pod took to be bound to ``node`` after it: only the
+    recheck (extender/recheck.py) can have told the extender."""
+    assert s.proxy is not None and s.proxy.freeze() >= 2
+    changed_at = time.monotonic()
+    change()
+    assert wait_bound(s.stack, waiting, timeout=45) == node
+    took = time.monotonic() - changed_at
+    assert took < 30, took  # the watches were still silent
+    assert s.metric('gpu_scheduler_extender_rechecks_total{outcome="changed"}') >= 1
+    return took
+
+
 def test_a_retry_the_watch_has_not_caught_up_with_reads_the_node_again(faults):
     """A pod waits for the GPUs another pod holds. The extender's watches are frozen
     (they hear nothing more until the 50 s silence bound), and the holder is deleted:
@@ -91,13 +111,7 @@ def test_a_retry_the_watch_has_not_caught_up_with_reads_the_node_again(faults):
         assert wait_bound(faults, holder) == node
         waiting = s.pod(8, "behind")
         wait_event(faults, waiting, "Insufficient nvidia.com/gpu")  # kube-scheduler's own fit
-        assert s.proxy is not None and s.proxy.freeze() >= 2
-        deleted_at = time.monotonic()
-        delete_pod(faults, holder)
-        assert wait_bound(faults, waiting, timeout=45) == node
-        took = time.monotonic() - deleted_at
-        assert took < 30, took  # the watches were still silent: only the recheck knew
-        assert s.metric('gpu_scheduler_extender_rechecks_total{outcome="changed"}') >= 1
+        took = _bound_behind_the_watch(s, waiting, node, lambda: delete_pod(faults, holder))
         assert "went silent" not in s.extender.log_path.read_text()
         print(f"watch behind: the waiting pod bound {took:.1f}s after the holder went")
 
@@ -120,13 +134,8 @@ def test_gpus_that_appear_while_the_watch_is_behind_take_the_waiting_pod(faults)
             30,
             "the extender knows the node, labelled but without GPUs",
         )
-        assert s.proxy is not None and s.proxy.freeze() >= 2
-        advertised_at = time.monotonic()
-        play_kubelet_with_device_plugin(faults, node, 8)
-        assert wait_bound(faults, waiting, timeout=45) == node
-        took = time.monotonic() - advertised_at
-        assert took < 30, took  # the watches were still silent: only the recheck knew
-        assert s.metric('gpu_scheduler_extender_rechecks_total{outcome="changed"}') >= 1
+        advertise = partial(play_kubelet_with_device_plugin, faults, node, 8)
+        took = _bound_behind_the_watch(s, waiting, node, advertise)
         print(f"GPUs appearing behind the watch: the waiting pod bound {took:.1f}s later")
 
 
@@ -139,7 +148,7 @@ def test_a_dra_device_healed_while_the_watch_is_behind_takes_the_waiting_pod(fau
     from kubernetes import client
 
     resource = client.ResourceV1Api(faults.api)
-    if int(client.VersionApi(faults.api).get_code().minor.rstrip("+")) < 37:
+    if server_minor(faults) < 37:
         pytest.skip("device taints are served from 1.37")
     create_gpu_device_class(faults)
     node = create_node(faults, unique("drasick"), case="drasick", taints=GPU_TAINT)
@@ -157,17 +166,15 @@ def test_a_dra_device_healed_while_the_watch_is_behind_takes_the_waiting_pod(fau
         )
         waiting = s.pod(4, "drasick")
         wait_event(faults, waiting, "FailedScheduling")
-        assert s.proxy is not None and s.proxy.freeze() >= 2
-        (found,) = resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items
-        healed = faults.api.sanitize_for_serialization(found)
-        for each in healed["spec"]["devices"]:
-            each.pop("taints", None)
-        healed_at = time.monotonic()
-        resource.replace_resource_slice(healed["metadata"]["name"], healed)
-        assert wait_bound(faults, waiting, timeout=45) == node
-        took = time.monotonic() - healed_at
-        assert took < 30, took  # the watches were still silent: only the recheck knew
-        assert s.metric('gpu_scheduler_extender_rechecks_total{outcome="changed"}') >= 1
+
+        def heal() -> None:
+            (found,) = resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items
+            healed = faults.api.sanitize_for_serialization(found)
+            for each in healed["spec"]["devices"]:
+                each.pop("taints", None)
+            resource.replace_resource_slice(healed["metadata"]["name"], healed)
+
+        took = _bound_behind_the_watch(s, waiting, node, heal)
         print(f"DRA device healed behind the watch: the waiting pod bound {took:.1f}s later")
 
 
