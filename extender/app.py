@@ -121,9 +121,9 @@ class Decider:
                 )
             )
         body = _dump_filter_result(req.args, outcome)
-        metrics.NODES.labels("passed").inc(len(outcome.passed))
-        metrics.NODES.labels("failed").inc(len(outcome.failed))
-        metrics.NODES.labels("unresolvable").inc(len(outcome.unresolvable))
+        metrics.child(metrics.NODES, "passed").inc(len(outcome.passed))
+        metrics.child(metrics.NODES, "failed").inc(len(outcome.failed))
+        metrics.child(metrics.NODES, "unresolvable").inc(len(outcome.unresolvable))
         details = {
             "passed": len(outcome.passed),
             "failed": len(outcome.failed),

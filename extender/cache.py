@@ -29,7 +29,7 @@ from extender.records import add_count as _add
 from extender.records import reduced as _reduced
 from extender.reflector import Reflector
 from extender.view import View
-from extender.workload import TaskShape, product_pressure, workload_mix
+from extender.workload import ShapeCounts, product_pressure
 from gpu_scheduler import contract
 from gpu_scheduler.fields import FieldError
 
@@ -78,7 +78,7 @@ class ClusterCache(RecheckAccess):
         # CPU and memory of the bound GPU pods per node; their shapes (workload mix).
         self._cpu_used: dict[str, int] = {}
         self._ram_used: dict[str, int] = {}
-        self._shapes: dict[TaskShape, int] = {}
+        self._shapes = ShapeCounts()
         # Each node's FreeState, refreshed where its facts or its pods change.
         self._free: dict[str, FreeState] = {}
         # The same facts and FreeState as rows (extender.columns), for the hot path.
@@ -125,7 +125,7 @@ class ClusterCache(RecheckAccess):
         else:
             free = MappingProxyType(dict(self._free))
             table = self._table.snapshot()
-            mix = workload_mix(self._shapes)
+            mix = self._shapes.mix()
             counted = dict(self._used)
             for name in self._dra_nodes:
                 counted[name] = self._dra.used(name)
@@ -370,7 +370,7 @@ class ClusterCache(RecheckAccess):
             self._epoch, self._marks = self._epoch + 1, {}
             self._pods = {}
             self._used, self._groups, self._demand, self._demand_total = {}, {}, {}, 0
-            self._cpu_used, self._ram_used, self._shapes = {}, {}, {}
+            self._cpu_used, self._ram_used, self._shapes = {}, {}, ShapeCounts()
             for uid, record in records.items():
                 self._pods[uid] = record
                 self._account(record, 1)
@@ -396,7 +396,7 @@ class ClusterCache(RecheckAccess):
                 self._refresh_free(new[1].node)
                 self._touch(new[1].node)
             self._pod_version += 1
-        metrics.CACHE_OBJECTS.labels("pods").set(len(self._pods))
+        metrics.child(metrics.CACHE_OBJECTS, "pods").set(len(self._pods))
         if old is None and new is not None and new[1].gpus and self.on_bound is not None:
             self.on_bound(new[0], new[1].node)
 
@@ -405,7 +405,7 @@ class ClusterCache(RecheckAccess):
         if record.gpus:
             _add(self._cpu_used, record.node, sign * record.cpu_milli)
             _add(self._ram_used, record.node, sign * record.ram_mib)
-            _add(self._shapes, record.shape(), sign)
+            self._shapes.add(record.shape(), sign)
         self._demand_total += sign * record.gpus
         for product in record.products or ():
             share = self._demand.get(product, 0.0) + sign * record.gpus / len(record.products)

@@ -121,8 +121,8 @@ class Endpoints:
                 body |= wire.error_result("the request was malformed; see error")
             return json_response(body, 400)
         elapsed = time.perf_counter() - started
-        metrics.LATENCY.labels(verb).observe(elapsed)
-        metrics.REQUESTS.labels(verb, "200").inc()
+        metrics.child(metrics.LATENCY, verb).observe(elapsed)
+        metrics.child(metrics.REQUESTS, verb, "200").inc()
         log.info(
             verb,
             extra={

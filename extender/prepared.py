@@ -85,7 +85,7 @@ class PreparedAnswers:
             return None
         if self._entry is entry:
             self._entry = None
-        metrics.PREPARED.labels("used" if entry.view is view else "used-older-view").inc()
+        metrics.child(metrics.PREPARED, "used" if entry.view is view else "used-older-view").inc()
         return Taken(entry.answer, now - entry.time, self._clock() - now)
 
 

@@ -95,7 +95,7 @@ class Reflector:
 
     def _touch(self) -> None:
         self.contact = self.clock()
-        metrics.CACHE_CONTACT.labels(self.kind).set(time.time())
+        metrics.child(metrics.CACHE_CONTACT, self.kind).set(time.time())
 
     def request_relist(self) -> None:
         """List again at the end of the current watch (within :data:`WATCH_SECONDS`):

@@ -104,6 +104,47 @@ def workload_mix(counts: Mapping[TaskShape, int]) -> tuple[MixEntry, ...]:
     return tuple(MixEntry(shape, weight / covered) for shape, weight in kept)
 
 
+#: The mix is worked out again once the pods counted have moved (bound and gone, since
+#: the last time) by this share of the pods counted then, or a shape came or went.
+REFRESH_SHARE = 0.01
+
+
+class ShapeCounts:
+    """The cluster cache's count of bound GPU pods by shape, and their mix.
+
+    :meth:`mix` answers the same tuple until the counts have moved by
+    :data:`REFRESH_SHARE` of the pods or a shape appeared or disappeared: between
+    those, no shape's share of the pods can move by more than about that much, and the
+    fragmentation policy keeps its tables for a mix object it has seen (at 100 bindings
+    a second on a cluster of 10,000 GPU pods, one new mix a second instead of 100)."""
+
+    __slots__ = ("_counts", "_mix", "_moved", "_pods")
+
+    def __init__(self) -> None:
+        self._counts: dict[TaskShape, int] = {}
+        self._mix: tuple[MixEntry, ...] | None = None
+        self._moved = 0  # pods bound or gone since the mix was worked out
+        self._pods = 0
+
+    def add(self, shape: TaskShape, delta: int) -> None:
+        count = self._counts.get(shape, 0) + delta
+        if count > 0:
+            self._counts[shape] = count
+        else:
+            self._counts.pop(shape, None)
+        if count <= 0 or count == delta:  # a shape gone, or a new one
+            self._mix = None
+        self._pods += delta
+        self._moved += abs(delta)
+
+    def mix(self) -> tuple[MixEntry, ...]:
+        mix = self._mix
+        if mix is None or self._moved >= REFRESH_SHARE * max(self._pods, 1):
+            mix = self._mix = workload_mix(self._counts)
+            self._moved = 0
+        return mix
+
+
 def product_pressure(
     demand: Mapping[str, float], total_demand: float, capacity: Mapping[str, int]
 ) -> dict[str, float]:

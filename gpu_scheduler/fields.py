@@ -37,7 +37,7 @@ def expect_object(value: Any, path: str) -> Mapping[str, Any]:
     """``value`` itself as an object (``null``: empty)."""
     if value is None:
         return _EMPTY
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):  # (a dict: no ABC check)
         raise FieldError(path, f"must be an object, not {type_name(value)}")
     return value
 
@@ -47,7 +47,7 @@ def object_at(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, An
     value = parent.get(key)
     if value is None:
         return _EMPTY
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise FieldError(path, f"must be an object, not {type_name(value)}")
     return value
 

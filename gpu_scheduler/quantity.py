@@ -62,13 +62,28 @@ class QuantityError(ValueError):
     """A value that is not a Kubernetes quantity (or not one we can use)."""
 
 
+#: Texts already parsed (the same few, "500m", "16Gi", come in pod after pod), and
+#: how many the memo holds before it starts again. Only short texts are kept.
+_PARSED: dict[str, Decimal] = {}
+_PARSED_MAX = 4096
+_PARSED_TEXT = 24
+
+
 def parse_quantity(value: Any) -> Decimal:
     """The exact value of a quantity (a JSON string, or a JSON number), or
     :class:`QuantityError` saying why not."""
     if isinstance(value, str):
         if value.isascii() and value.isdigit() and len(value) <= 18:
             return Decimal(int(value))  # the common case: "1", "8"
-        return _parse_text(value)
+        known = _PARSED.get(value)
+        if known is not None:
+            return known
+        amount = _parse_text(value)
+        if len(value) <= _PARSED_TEXT:
+            if len(_PARSED) >= _PARSED_MAX:
+                _PARSED.clear()
+            _PARSED[value] = amount
+        return amount
     if isinstance(value, bool):
         raise QuantityError(f"a quantity must be a string or a number, not a boolean ({value})")
     if isinstance(value, int):

@@ -11,7 +11,14 @@ from extender.engine import candidates_of
 from extender.model import NodeFacts, PodFacts
 from extender.policies.fragmentation import FragmentationPolicy
 from extender.view import View
-from extender.workload import MAX_SHAPES, MixEntry, TaskShape, task_shape, workload_mix
+from extender.workload import (
+    MAX_SHAPES,
+    MixEntry,
+    ShapeCounts,
+    TaskShape,
+    task_shape,
+    workload_mix,
+)
 from gpu_scheduler import contract
 from tests.factories import make_node, make_pod
 
@@ -99,6 +106,34 @@ def test_ties_are_ordered_the_same_way_every_time():
     a, b = TaskShape(1, 4000, 8192, ("T4",)), TaskShape(1, 4000, 8192, ("L4",))
     assert [e.shape for e in workload_mix({a: 5, b: 5})] == [b, a]
     assert [e.shape for e in workload_mix({b: 5, a: 5})] == [b, a]
+
+
+def test_the_mix_is_worked_out_again_after_one_percent_of_the_pods_or_a_new_shape():
+    counts = ShapeCounts()
+    for _ in range(150):
+        counts.add(ANY_1, 1)
+    for _ in range(50):
+        counts.add(ANY_8, 1)
+    first = counts.mix()
+    assert first == workload_mix({ANY_1: 150, ANY_8: 50})
+    counts.add(ANY_1, 1)  # one pod of 200 bound: the same mix, the same object
+    assert counts.mix() is first
+    counts.add(ANY_8, -1)  # two moved, of 200: 1%, worked out again
+    assert counts.mix() is not first
+    assert counts.mix() == workload_mix({ANY_1: 151, ANY_8: 49})
+    again = counts.mix()
+    t4 = TaskShape(1, 4000, 8192, ("T4",))
+    counts.add(t4, 1)  # a shape never seen: at once
+    assert counts.mix() is not again
+    assert counts.mix() == workload_mix({ANY_1: 151, ANY_8: 49, t4: 1})
+    latest = counts.mix()
+    counts.add(t4, -1)  # and gone: at once
+    assert counts.mix() is not latest
+    assert counts.mix() == workload_mix({ANY_1: 151, ANY_8: 49})
+    empty = ShapeCounts()
+    assert empty.mix() == ()
+    empty.add(ANY_1, 1)
+    assert empty.mix() == workload_mix({ANY_1: 1})
 
 
 def test_a_one_gpu_pod_goes_where_it_strands_nothing():
