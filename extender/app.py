@@ -163,7 +163,11 @@ class Decider:
         answer = None
         try:
             args = wire.ExtenderArgs(req.args.pod, None, passed)
-            answer = self._score(Call(args, req.pod, req.view, req.view.candidates(passed)))
+            # every candidate passed (usual: kube-scheduler's own filters came first):
+            # filter's rows are these, in this order
+            every = len(passed) == len(req.args.names)
+            nodes = req.nodes if every else req.view.candidates(passed)
+            answer = self._score(Call(args, req.pod, req.view, nodes))
             # prioritize's log line says what the preparation took, off its path
             answer[1]["prepared_ms"] = round((time.perf_counter() - started) * 1000, 3)
         except Exception:  # the call itself will compute it, and fail or not, itself
@@ -282,6 +286,7 @@ def start_cluster_source(
     from ``heartbeat_namespace``) and the placement explainer, which writes its Events
     through the same API client."""
     from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
 
     from gpu_scheduler.kube import api_client
 
@@ -294,13 +299,22 @@ def start_cluster_source(
     core = client.CoreV1Api(api)
 
     def post(body: dict[str, Any]) -> None:
-        # The answer is not read into the client's models (a V1Event costs more CPU to
-        # build than the request does to send), so this thread holds the GIL, which
-        # the request threads need, for less.
-        response = core.create_namespaced_event(
-            body["metadata"]["namespace"], body, _preload_content=False
+        # The client's own create_namespaced_event validates the body into its pydantic
+        # model first, which cost this thread more CPU than sending it (and it holds
+        # the GIL, which the request threads need): the same request through the
+        # client's serialiser, auth and pool, the answer read and dropped unparsed.
+        request = api.param_serialize(
+            method="POST",
+            resource_path="/api/v1/namespaces/{namespace}/events",
+            path_params={"namespace": body["metadata"]["namespace"]},
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
         )
-        response.drain_conn()  # read and dropped: the connection goes back to the pool
+        response = api.call_api(*request)
+        response.read()  # the connection goes back to the pool
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
 
     explainer = Explainer(post).start()
     cache = ClusterCache(on_bound=explainer.bound, levels=levels)
