@@ -17,6 +17,10 @@ then the pods are deleted and our extender's cache is seen empty before the next
 kube-scheduler's client rate limit (``clientConnection.qps``/``burst``, 50/100 by
 default) caps a scheduler at about 50 bindings a second whatever the extender does, so
 it is raised to ``--qps`` in every variant (``--qps 0`` keeps deploy/'s: 300/600).
+``--split-cpus`` runs the control plane (etcd, the API server, the controller manager,
+each kube-scheduler) on CPU 0 and both extenders on the other CPUs, so that the
+extenders' CPU is not taken from kube-scheduler's (on a real control plane the
+extender has cores of its own); by default everything shares every CPU.
 Prints pods/s per variant and the ratios to bare and to without; per round, the
 extender's own handler medians (from its log) and the CPU milliseconds a pod of
 each component (tests/bench/proc_cpu.py), and at the end the CPU table.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import re
 import statistics
 import sys
@@ -263,18 +268,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rounds", type=int, default=1, help="run the variants this many times, interleaved"
     )
+    parser.add_argument(
+        "--split-cpus",
+        action="store_true",
+        help="the control plane on CPU 0, both extenders on the others (as where the "
+        "extender does not share kube-scheduler's and the API server's cores)",
+    )
     opts = parser.parse_args(argv)
     variants = [v for v in opts.variants.split(",") if v]
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants: {sorted(unknown)}")
 
+    plane, extenders = _cpus(opts.split_cpus)
+    os.sched_setaffinity(0, plane)  # what this process starts runs there
     with bare_stack("e2e-throughput-") as (stack, core):
         cluster, work = stack.cluster, stack.workdir
         started = time.monotonic()
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda i: core.create_node(gpu_node(f"n-{i:05d}")), range(opts.nodes)))
         print(f"created {opts.nodes} nodes in {time.monotonic() - started:.0f} s", flush=True)
+        os.sched_setaffinity(0, extenders)
         extender_log = stack.start_extender().log_path
         (work / "bare.py").write_text(BARE_APP + BARE_ON_OUR_SERVER)
         bare_port = free_port()
@@ -283,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[float]] = {v: [] for v in variants}
         cpu: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
         with running(bare_cmd, work / "bare.log", env={"PYTHONPATH": str(ROOT)}):
+            os.sched_setaffinity(0, plane)  # the kube-schedulers, one a round
             wait_answering(f"http://127.0.0.1:{bare_port}/", 30)
             for round_, variant in ((r, v) for r in range(opts.rounds) for v in variants):
                 config = variant_config(variant, ours, f"http://127.0.0.1:{bare_port}", opts.qps)
@@ -327,6 +342,19 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(cpu_table(cpu))
     return 0
+
+
+def _cpus(split: bool) -> tuple[set[int], set[int]]:
+    """(the control plane's CPUs, the extenders'): all for both, or split: CPU 0 for
+    the control plane (its Go processes size themselves to it), the rest for the two
+    extenders."""
+    every = os.sched_getaffinity(0)
+    if not split:
+        return every, every
+    if len(every) < 2:
+        raise SystemExit("--split-cpus needs two CPUs or more")
+    first = min(every)
+    return {first}, every - {first}
 
 
 def cpu_table(cpu: dict[str, list[dict[str, float]]]) -> str:
