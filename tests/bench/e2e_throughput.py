@@ -250,13 +250,13 @@ def table(results: dict[str, float], nodes: int, pods: int, qps: int) -> str:
         "|---|---:|---:|---:|",
     ]
     for variant, rate in results.items():
-        bare = results.get("bare")
-        rows.append(
-            f"| {variant} | {rate:.1f} | {rate / bare:.2f} | {rate / results['without']:.2f} |"
-            if bare and "without" in results
-            else f"| {variant} | {rate:.1f} | | |"
-        )
+        ratios = [f"{rate / results[base]:.2f}" if results.get(base) else "" for base in BASES]
+        rows.append(f"| {variant} | {rate:.1f} | " + " | ".join(ratios) + " |")
     return "\n".join(rows)
+
+
+#: What each rate is divided by, where that variant ran.
+BASES = ("bare", "without")
 
 
 def main(argv: list[str] | None = None) -> int:
