@@ -104,8 +104,8 @@ def workload_mix(counts: Mapping[TaskShape, int]) -> tuple[MixEntry, ...]:
     return tuple(MixEntry(shape, weight / covered) for shape, weight in kept)
 
 
-#: The mix is worked out again once the pods counted have moved (bound and gone, since
-#: the last time) by this share of the pods counted then, or a shape came or went.
+#: The mix is worked out again once the pods bound and gone since the last time reach
+#: this share of the pods counted now, or a shape came or went.
 REFRESH_SHARE = 0.01
 
 
