@@ -11,10 +11,13 @@ kube-scheduler's files (client pair, CA bundle) against the extender."""
 from __future__ import annotations
 
 import base64
+import shutil
 import socket
 import ssl
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import requests
 from kubernetes import client
@@ -50,15 +53,38 @@ def _probe_once(stack, admission: client.AdmissionregistrationV1Api, name: str) 
             context.wrap_socket(sock, server_hostname="127.0.0.1").close()
     except (OSError, ssl.SSLError) as exc:
         return f"API server -> webhook: {exc}"
+    trust = stack.extender_client()
+    trust["cert"] = _one_pair(*trust["cert"])
     try:
         response = requests.post(
-            f"{stack.extender_url}/filter", json=names_body(), timeout=5, **stack.extender_client()
+            f"{stack.extender_url}/filter", json=names_body(), timeout=5, **trust
         )
     except requests.RequestException as exc:
         return f"kube-scheduler -> extender: {exc}"
+    finally:
+        shutil.rmtree(Path(trust["cert"][0]).parent, ignore_errors=True)
     if response.status_code != 200:
         return f"kube-scheduler -> extender: {response.status_code} {response.text[:200]}"
     return None
+
+
+def _one_pair(cert: str, key: str) -> tuple[str, str]:
+    """kube-scheduler's client pair as one update of its Secret volume shows it: a copy
+    of the two files taken when they match. The lab replaces them one rename after the
+    other, so a reader between the renames would pair the new certificate with the old
+    key (KEY_VALUES_MISMATCH before any byte is sent), which a Secret volume, swapped
+    whole by the kubelet, never shows; a pair that never matches is returned as read."""
+    out = Path(tempfile.mkdtemp(prefix="pair-"))
+    paths = (str(out / "tls.crt"), str(out / "tls.key"))
+    for _ in range(20):
+        Path(paths[0]).write_bytes(Path(cert).read_bytes())
+        Path(paths[1]).write_bytes(Path(key).read_bytes())
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(*paths)
+            return paths
+        except ssl.SSLError:
+            time.sleep(0.05)
+    return paths
 
 
 def _cas(text: bytes) -> int:
