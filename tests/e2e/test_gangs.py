@@ -419,9 +419,9 @@ def test_kueue_topology_keeps_a_job_in_one_block_and_our_scores_pick_its_nodes(
     required: one block) is sent by Kueue to b1, its best fit; inside it each pod goes
     to the node our extender's prioritize answer ranked first. Kueue chose the domain,
     we chose the nodes. (Which of b1's two nodes that is depends on the cluster-wide
-    workload mix, which the module's earlier tests' pods are part of while they are
-    being deleted: the 2-GPU node on an empty cluster, the 8-GPU node beside many
-    8-GPU pods. So the test compares with our answer, not with a fixed node.)"""
+    workload mix, which holds the module's earlier tests' pods while they are being
+    deleted: usually the 2-GPU node, but the 8-GPU one in a CI run with many 8-GPU
+    pods still counted. So the test compares with our answer, not with a fixed node.)"""
     pool = {"example.com/gpu-pool": "training"}
     where = {
         "b1": {"example.com/topology-block": "b1", "example.com/topology-rack": "r1"},
