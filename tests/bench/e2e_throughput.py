@@ -13,7 +13,10 @@ then the pods are deleted and our extender's cache is seen empty before the next
   - without:    deploy/'s gpu-scheduler profile with the extender removed;
   - bare:       the same profile with the bare echo extender (filter + prioritize);
   - ours:       deploy/'s profile as shipped (filter + prioritize);
-  - ours-prio:  deploy/'s profile with only the prioritize verb.
+  - ours-prio:  deploy/'s profile with only the prioritize verb;
+  - ours-base:  with ``--base-tree DIR`` (a checkout of another commit, e.g. ``git
+    worktree add /tmp/base HEAD~3``), deploy/'s profile with the extender of that
+    tree, started beside ours: before and after in one run, round by round.
 kube-scheduler's client rate limit (``clientConnection.qps``/``burst``, 50/100 by
 default) caps a scheduler at about 50 bindings a second whatever the extender does, so
 it is raised to ``--qps`` in every variant (``--qps 0`` keeps deploy/'s: 300/600).
@@ -29,12 +32,14 @@ each component (tests/bench/proc_cpu.py), and at the end the CPU table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
 import re
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -52,7 +57,7 @@ from tests.bench.trace_runners import NAMESPACE, clear_pods  # noqa: E402
 from tests.helpers import running  # noqa: E402
 
 TAINT = {"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}
-VARIANTS = ("without", "bare", "ours", "ours-prio")
+VARIANTS = ("without", "bare", "ours", "ours-prio", "ours-base")
 SIZES = [1, 1, 2, 4, 1, 2, 8, 1]
 
 
@@ -92,10 +97,11 @@ def gpu_pod(name: str, variant: str, gpus: int) -> dict[str, Any]:
     }
 
 
-def variant_config(variant: str, ours: str, bare: str, qps: int) -> dict[str, Any]:
+def variant_config(variant: str, ours: str, urls: dict[str, str], qps: int) -> dict[str, Any]:
     """deploy/'s KubeSchedulerConfiguration for one variant, its profile named
-    ``bench-<variant>``, the client rate limit raised to ``qps`` (burst the same)."""
-    cfg = scheduler_config(bare if variant == "bare" else ours, profile=f"bench-{variant}")
+    ``bench-<variant>``, the client rate limit raised to ``qps`` (burst the same);
+    ``urls``: the extender of a variant that is not served by ours (bare, ours-base)."""
+    cfg = scheduler_config(urls.get(variant, ours), profile=f"bench-{variant}")
     if variant == "without":
         cfg.pop("extenders")
     elif variant == "ours-prio":
@@ -274,11 +280,20 @@ def main(argv: list[str] | None = None) -> int:
         help="the control plane on CPU 0, both extenders on the others (as where the "
         "extender does not share kube-scheduler's and the API server's cores)",
     )
+    parser.add_argument(
+        "--base-tree",
+        type=Path,
+        help="a checkout of another commit: its extender serves the ours-base variant",
+    )
     opts = parser.parse_args(argv)
     variants = [v for v in opts.variants.split(",") if v]
+    if opts.base_tree is not None and "ours-base" not in variants:
+        variants.append("ours-base")
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants: {sorted(unknown)}")
+    if "ours-base" in variants and opts.base_tree is None:
+        parser.error("ours-base needs --base-tree")
 
     plane, extenders = _cpus(opts.split_cpus)
     os.sched_setaffinity(0, plane)  # what this process starts runs there
@@ -294,13 +309,25 @@ def main(argv: list[str] | None = None) -> int:
         bare_port = free_port()
         bare_cmd = [sys.executable, str(work / "bare.py"), str(bare_port), "4"]
         ours = f"http://127.0.0.1:{stack.extender_port}"
+        urls = {"bare": f"http://127.0.0.1:{bare_port}"}
+        # (ops port, log) of the extender that answers each variant
+        served = {v: (stack.extender_ops_port, extender_log) for v in variants}
         runs: dict[str, list[float]] = {v: [] for v in variants}
         cpu: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
-        with running(bare_cmd, work / "bare.log", env={"PYTHONPATH": str(ROOT)}):
+        with contextlib.ExitStack() as others:
+            others.enter_context(
+                running(bare_cmd, work / "bare.log", env={"PYTHONPATH": str(ROOT)})
+            )
+            if opts.base_tree is not None:
+                urls["ours-base"], *base = others.enter_context(
+                    base_extender(stack, opts.base_tree)
+                )
+                served["ours-base"] = (base[0], base[1])
             os.sched_setaffinity(0, plane)  # the kube-schedulers, one a round
             wait_answering(f"http://127.0.0.1:{bare_port}/", 30)
             for round_, variant in ((r, v) for r in range(opts.rounds) for v in variants):
-                config = variant_config(variant, ours, f"http://127.0.0.1:{bare_port}", opts.qps)
+                config = variant_config(variant, ours, urls, opts.qps)
+                ops_port, log_path = served[variant]
                 with ThreadPoolExecutor(16) as pool:
                     list(
                         pool.map(
@@ -311,21 +338,22 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     )
                 name = f"{variant}-{round_}"
-                before = prepared_counts(stack.extender_ops_port)
-                log_offset = extender_log.stat().st_size
+                before = prepared_counts(ops_port)
+                log_offset = log_path.stat().st_size
                 rate, spent = measure(cluster, name, config, opts.pods)
                 runs[variant].append(rate)
                 cpu[variant].append(spent)
-                after = prepared_counts(stack.extender_ops_port)
+                after = prepared_counts(ops_port)
                 moved = {k: int(v - before.get(k, 0)) for k, v in after.items()}
                 moved = {k: v for k, v in moved.items() if v}
                 print(
                     f"  {variant} (round {round_ + 1}): {rate:.1f} pods/s"
+                    + f" ({unstolen(rate, spent):.1f} adjusted for steal)"
                     + (f"; prioritize's prepared answers: {moved}" if moved else "")
-                    + handler_line(extender_log, log_offset)
+                    + handler_line(log_path, log_offset)
                     + "\n    CPU ms a pod: "
                     + ", ".join(
-                        f"{k} {v:.0%}" if k == "machine busy" else f"{k} {v:.2f}"
+                        f"{k} {v:.0%}" if k in proc_cpu.SHARES else f"{k} {v:.2f}"
                         for k, v in spent.items()
                     ),
                     flush=True,
@@ -339,9 +367,42 @@ def main(argv: list[str] | None = None) -> int:
             "\nevery round (pods/s): "
             + "; ".join(f"{v} {', '.join(f'{r:.1f}' for r in rates)}" for v, rates in runs.items())
         )
+        print(paired(runs, "bare"))
+        adjusted = {v: [unstolen(r, c) for r, c in zip(runs[v], cpu[v], strict=True)] for v in runs}
+        print(paired(adjusted, "bare", " (each rate adjusted for steal)"))
     print()
     print(cpu_table(cpu))
     return 0
+
+
+@contextlib.contextmanager
+def base_extender(stack: Any, tree: Path) -> Iterator[tuple[str, int, Path]]:
+    """The extender of another checkout (``tree``), as the stack starts ours (cluster
+    mode, the same API server and heartbeat namespace), run from that tree with this
+    interpreter: (its URL, its ops port, its log). Marked for the CPU accounting."""
+    import urllib.request
+
+    from lab.stack import NAMESPACE as HEARTBEATS
+
+    tree = tree.resolve()
+    if not (tree / "gpu_scheduler" / "cli.py").is_file():
+        raise SystemExit(f"--base-tree {tree}: not a checkout of this project")
+    port, ops = free_port(), free_port()
+    args = [sys.executable, "-X", proc_cpu.BASE_MARK, "-m", "gpu_scheduler.cli", "extender"]
+    args += ["--host=127.0.0.1", f"--port={port}", f"--ops-port={ops}", "--node-source=cluster"]
+    args += [f"--kubeconfig={stack.cluster.kubeconfig}", f"--heartbeat-namespace={HEARTBEATS}"]
+    log = stack.workdir / "extender-base.log"
+    with running(args, log, env={"PYTHONPATH": str(tree)}, cwd=tree) as proc:
+        deadline = time.monotonic() + 60
+        while True:  # until its cache has synced (/readyz 200)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ops}/readyz", timeout=2):
+                    break
+            except OSError as exc:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"the base tree's extender is not ready; see {log}") from exc
+                time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}", ops, log
 
 
 def _cpus(split: bool) -> tuple[set[int], set[int]]:
@@ -361,24 +422,50 @@ def cpu_table(cpu: dict[str, list[dict[str, float]]]) -> str:
     """CPU milliseconds a pod by component and variant (medians of the rounds), and
     how busy the machine was: what each variant's pods cost the shared cores."""
     seen = {k for rounds in cpu.values() for r in rounds for k in r}
-    components = sorted(seen - {"machine busy"})
+    components = sorted(seen - set(proc_cpu.SHARES))
     rows = [
         "CPU ms a pod, first binding to last (medians of the rounds)",
         "",
-        "| variant | " + " | ".join(components) + " | all of these | machine busy |",
-        "|---|" + "---:|" * (len(components) + 2),
+        "| variant | " + " | ".join(components) + " | all of these | machine busy | stolen |",
+        "|---|" + "---:|" * (len(components) + 3),
     ]
     for variant, rounds in cpu.items():
         if not rounds:
             continue
         cells = [statistics.median(r.get(k, 0.0) for r in rounds) for k in components]
-        busy = statistics.median(r.get("machine busy", 0.0) for r in rounds)
+        busy, stolen = (statistics.median(r.get(k, 0.0) for r in rounds) for k in proc_cpu.SHARES)
         rows.append(
             f"| {variant} | "
             + " | ".join(f"{c:.2f}" for c in cells)
-            + f" | {sum(cells):.2f} | {busy:.0%} |"
+            + f" | {sum(cells):.2f} | {busy:.0%} | {stolen:.0%} |"
         )
     return "\n".join(rows)
+
+
+def unstolen(rate: float, spent: dict[str, float]) -> float:
+    """A round's rate had the hypervisor not taken part of the cores: the rate times
+    busy / (busy - stolen). An estimate, for a run that is bound by CPU: this VM's
+    steal went from 1% to 46% of the cores within minutes, and moved a variant's
+    rate twofold from one round to the next."""
+    busy, stolen = (spent.get(k, 0.0) for k in proc_cpu.SHARES)
+    return rate * busy / (busy - stolen) if busy > stolen > 0 else rate
+
+
+def paired(runs: dict[str, list[float]], base: str, label: str = "") -> str:
+    """Each variant's rate over ``base``'s in the same round (the rounds interleave the
+    variants, so a pair ran minutes apart at most), and the median of those: on a VM
+    whose hypervisor takes a varying share of the cores, steadier than the ratio of
+    the medians."""
+    lines = []
+    for variant, rates in runs.items():
+        if variant == base or not runs.get(base):
+            continue
+        ratios = [rate / b for rate, b in zip(rates, runs[base], strict=False) if b]
+        if ratios:
+            each = ", ".join(f"{r:.2f}" for r in ratios)
+            middle = statistics.median(ratios)
+            lines.append(f"{variant} ÷ {base}{label}, round by round: {each}; median {middle:.2f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

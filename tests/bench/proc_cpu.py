@@ -20,7 +20,10 @@ from pathlib import Path
 #: What a process is, from its command line: the lab's control plane is one binary
 #: whose first argument names the component.
 K8S_COMPONENTS = ("kube-scheduler", "kube-apiserver", "etcd", "kube-controller-manager")
-OURS, BARE = "extender (ours)", "extender (bare)"
+OURS, BARE, BASE = "extender (ours)", "extender (bare)", "extender (base)"
+#: The interpreter option (``-X``) that marks the extender of another tree
+#: (e2e_throughput.py ``--base-tree``): ours as it was, beside ours as it is.
+BASE_MARK = "gpu-scheduler-base"
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -29,7 +32,7 @@ def component(argv: list[str]) -> str | None:
     if len(argv) >= 2 and argv[1] in K8S_COMPONENTS:
         return argv[1]
     if "gpu_scheduler.cli" in argv and "extender" in argv:
-        return OURS
+        return BASE if BASE_MARK in argv else OURS
     if any(arg.endswith("bare.py") for arg in argv):
         return BARE
     return None
@@ -49,11 +52,19 @@ def machine_ticks(text: str) -> tuple[int, int]:
     return sum(values) - idle, sum(values)
 
 
+def stolen_ticks(text: str) -> int:
+    """Jiffies /proc/stat's first line counts as stolen: the hypervisor ran something
+    else on this VM's vCPUs. Busy by the count above, yet no process here ran."""
+    values = text.splitlines()[0].split()[1:]
+    return int(values[7]) if len(values) > 7 else 0
+
+
 @dataclass
 class Snapshot:
     by_component: dict[str, float] = field(default_factory=dict)  # CPU seconds
     busy: float = 0.0  # the machine's, in CPU seconds
     total: float = 0.0
+    stolen: float = 0.0  # of busy: the hypervisor's (steal)
 
     def minus(self, earlier: Snapshot) -> Snapshot:
         keys = set(self.by_component) | set(earlier.by_component)
@@ -61,6 +72,7 @@ class Snapshot:
             {k: self.by_component.get(k, 0.0) - earlier.by_component.get(k, 0.0) for k in keys},
             self.busy - earlier.busy,
             self.total - earlier.total,
+            self.stolen - earlier.stolen,
         )
 
 
@@ -78,14 +90,22 @@ def snapshot(proc: Path = Path("/proc")) -> Snapshot:
         except (OSError, ValueError, IndexError):  # gone meanwhile, or unreadable
             continue
         out[name] = out.get(name, 0.0) + ticks / TICKS
-    busy, total = machine_ticks((proc / "stat").read_text())
-    return Snapshot(out, busy / TICKS, total / TICKS)
+    stat = (proc / "stat").read_text()
+    busy, total = machine_ticks(stat)
+    return Snapshot(out, busy / TICKS, total / TICKS, stolen_ticks(stat) / TICKS)
 
 
 def per_item_ms(spent: Snapshot, items: int) -> dict[str, float]:
-    """CPU milliseconds per item (pod) by component, and ``machine busy`` as a share
-    of all the cores' time over the stretch (0..1)."""
+    """CPU milliseconds per item (pod) by component, and ``machine busy`` and
+    ``stolen`` (by the hypervisor: part of busy) as shares of all the cores' time over
+    the stretch (0..1)."""
     out = {k: v * 1000 / items for k, v in sorted(spent.by_component.items()) if v > 0}
     if spent.total > 0:
-        out["machine busy"] = spent.busy / spent.total
+        out[BUSY] = spent.busy / spent.total
+        out[STOLEN] = spent.stolen / spent.total
     return out
+
+
+#: The machine-wide shares per_item_ms adds, beside the components' milliseconds.
+BUSY, STOLEN = "machine busy", "stolen"
+SHARES = (BUSY, STOLEN)

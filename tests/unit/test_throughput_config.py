@@ -5,29 +5,34 @@ from __future__ import annotations
 
 from tests.bench.e2e_throughput import binding_times, variant_config
 
-OURS, BARE = "http://127.0.0.1:1", "http://127.0.0.1:2"
+OURS, BARE, BASE = "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"
+URLS = {"bare": BARE, "ours-base": BASE}
 
 
 def test_each_variant_changes_only_its_part():
-    ours = variant_config("ours", OURS, BARE, 2000)
+    ours = variant_config("ours", OURS, URLS, 2000)
     (extender,) = ours["extenders"]
     assert extender["urlPrefix"] == OURS
     assert extender["filterVerb"] == "filter" and extender["prioritizeVerb"] == "prioritize"
     assert ours["clientConnection"] == {"qps": 2000, "burst": 2000}
     assert ours["profiles"][0]["schedulerName"] == "bench-ours"
 
-    (bare,) = variant_config("bare", OURS, BARE, 2000)["extenders"]
+    (bare,) = variant_config("bare", OURS, URLS, 2000)["extenders"]
     assert bare["urlPrefix"] == BARE and bare["filterVerb"] == "filter"
 
-    (prio,) = variant_config("ours-prio", OURS, BARE, 2000)["extenders"]
+    # another tree's extender, with deploy/'s profile as ours has it
+    (base,) = variant_config("ours-base", OURS, URLS, 2000)["extenders"]
+    assert base["urlPrefix"] == BASE and base["filterVerb"] == "filter"
+
+    (prio,) = variant_config("ours-prio", OURS, URLS, 2000)["extenders"]
     assert "filterVerb" not in prio and prio["prioritizeVerb"] == "prioritize"
 
-    without = variant_config("without", OURS, BARE, 2000)
+    without = variant_config("without", OURS, URLS, 2000)
     assert "extenders" not in without
     assert without["profiles"][0]["pluginConfig"] == ours["profiles"][0]["pluginConfig"]
 
     # 0: deploy/'s own limit
-    assert variant_config("ours", OURS, BARE, 0)["clientConnection"] == {"qps": 300, "burst": 600}
+    assert variant_config("ours", OURS, URLS, 0)["clientConnection"] == {"qps": 300, "burst": 600}
 
 
 def test_binding_times_come_from_kube_schedulers_own_log():
