@@ -81,8 +81,8 @@ class Decider:
         # checked (wire.parse_args's check_names).
         args = wire.parse_args(payload, check_names=self.cache is None)
         pod = self.pod(args.pod)
-        view = self.cache.view() if self.cache is not None else args_view()
         if args.nodes is not None:
+            view = self.cache.view() if self.cache is not None else args_view()
             facts = [node_facts(node, self.cfg.group_levels) for node in args.nodes]
             return Call(args, pod, view, candidates_of(args.names, facts, view))
         if self.cache is None:
@@ -91,7 +91,8 @@ class Decider:
                 "nodeCacheCapable: false in the scheduler's extender config, or run "
                 "the extender with --node-source cluster"
             )
-        return Call(args, pod, view)  # the names are looked up when first read
+        # the view is taken, and the names looked up, when first read
+        return Call(args, pod, self.cache.view)
 
     def filter(self, req: Call) -> tuple[bytes, dict[str, Any], Callable[[], None] | None]:
         outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
@@ -159,7 +160,7 @@ class Decider:
         if req.args.nodes is not None or len(passed) < 2 or req.pod.error is not None:
             return
         started = time.perf_counter()
-        entry = self.prepared.begin(req.pod, passed, req.view)
+        entry = self.prepared.begin(req.pod, passed, req.view.version)
         answer = None
         try:
             args = wire.ExtenderArgs(req.args.pod, None, passed)
@@ -175,7 +176,10 @@ class Decider:
         self.prepared.finish(entry, answer)
 
     def prioritize(self, req: Call) -> tuple[bytes, dict[str, Any], None]:
-        taken = self.prepared.take(req.pod, req.args.names, req.view)
+        # (the cache's version, not its view: a binding since filter would make the
+        # view be rebuilt here, on the call's path, only to be compared)
+        version = self.cache.version() if self.cache is not None else None
+        taken = self.prepared.take(req.pod, req.args.names, version)
         if taken is None:
             body, details, chosen = self._score(req)
             details["prepared"] = False
@@ -222,7 +226,9 @@ class Decider:
         details = {
             "best": req.args.names[best] if best is not None else None,
             "top": int(array[best]) if best is not None else None,
-            "view_pods": req.view.pods,  # the view scored on (a prepared answer: filter's)
+            # the view scored on (a prepared answer: filter's)
+            "view_pods": req.view.pods,
+            "view_age_s": None if req.view.age is None else round(req.view.age, 1),
         }
         if wanted and not explain:
             details["explained"] = False

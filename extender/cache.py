@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from extender import dra_index, metrics
+from extender.cache_dra import DraEvents
 from extender.cache_recheck import RecheckAccess
 from extender.columns import FreeState, NodeTable, free_state
 from extender.dra_index import DraIndex
@@ -40,9 +41,15 @@ log = logging.getLogger(__name__)
 STALE_AFTER = 40.0
 #: A view is rebuilt at least this often, so time-dependent facts stay current.
 VIEW_MAX_AGE = 1.0
+#: While requests are coming (one read the view within this many seconds), the watch
+#: thread that changed the cache builds the next view itself, at most once every
+#: :data:`EAGER_GAP` seconds (a burst of events costs one build per gap, and the
+#: request after the burst builds the last one).
+READERS_ACTIVE = 2.0
+EAGER_GAP = 0.004
 
 
-class ClusterCache(RecheckAccess):
+class ClusterCache(DraEvents, RecheckAccess):
     """Node facts and GPU use, kept current by list+watch; :meth:`view` for readers."""
 
     def __init__(
@@ -90,6 +97,8 @@ class ClusterCache(RecheckAccess):
         self._epoch = self._changes = 0
         self._node_version = self._pod_version = 0
         self._view: View | None = None
+        # When a request last read the view, and when a watch thread last built one.
+        self._read_at = self._built_at = float("-inf")
         # Every node's heartbeat, sorted, kept in step with _nodes by _set_facts (re-sorting
         # all 5,000 for each view was most of a rebuild). Views share a copy.
         self._beats: list[float] = []
@@ -102,6 +111,7 @@ class ClusterCache(RecheckAccess):
     # --- what readers get ------------------------------------------------------------
     def view(self) -> View:
         """The current snapshot (the same object until something changes)."""
+        self._read_at = self._monotonic()
         snap = self._view
         if (
             snap is not None
@@ -111,6 +121,21 @@ class ClusterCache(RecheckAccess):
             return snap
         with self._lock:
             return self._build_view()
+
+    def version(self) -> tuple[int, int]:
+        """What the next view's ``version`` is: it changes whenever the cache does."""
+        return (self._node_version, self._pod_version)
+
+    def _changed(self) -> None:
+        """After a watch event changed the cache (lock held): the next view, built
+        here, off kube-scheduler's path, when requests are coming. Each binding of a
+        scheduled pod changes the cache; without this the next call (prioritize of
+        the pod after it, typically) would build the view while kube-scheduler waits.
+        """
+        now = self._monotonic()
+        if now - self._read_at < READERS_ACTIVE and now - self._built_at >= EAGER_GAP:
+            self._built_at = now
+            self._build_view()
 
     def _build_view(self) -> View:
         old = self._view
@@ -281,59 +306,8 @@ class ClusterCache(RecheckAccess):
             self._set_facts(name)
             self._touch(name)
             self._node_version += 1
+            self._changed()
         metrics.CACHE_OBJECTS.labels("nodes").set(len(self._base))
-
-    def _dra_changed(self, nodes: set[str], usage: bool) -> None:
-        """After a DRA change (lock held): refresh the nodes it touched."""
-        for name in nodes:
-            self._set_facts(name)
-        if nodes:
-            self._touch(*nodes)  # slices (what the recheck reads), classes, rules
-            self._node_version += 1
-        if usage:
-            self._pod_version += 1
-            for name in self._dra_nodes:  # claims hold these nodes' devices
-                self._refresh_free(name)
-        for kind, count in self._dra.counts().items():
-            metrics.CACHE_OBJECTS.labels(kind).set(count)
-        slices = self.reflectors.get("resourceslices")
-        if self._dra.needs_relist and slices is not None and slices.synced.is_set():
-            slices.request_relist()
-
-    def _dra_apply(self, change: Callable[..., set[str]], *args: Any) -> None:
-        with self._lock:
-            self._dra_changed(change(*args), usage=True)
-
-    # A relist's items arrive page by page from the API server (a generator): each is
-    # reduced outside the lock, and the lock is taken once the list has ended.
-    def replace_device_classes(self, items: Iterable[Mapping[str, Any]]) -> None:
-        self._dra_apply(self._dra.replace_classes, _reduced(dra_index.parse_class, items))
-
-    def device_class_event(self, kind: str, obj: Mapping[str, Any]) -> None:
-        self._dra_apply(self._dra.class_event, kind, obj)
-
-    def replace_slices(self, items: Iterable[Mapping[str, Any]]) -> None:
-        self._dra_apply(self._dra.replace_slices, _reduced(dra_index.parse_slice, items))
-
-    def slice_event(self, kind: str, obj: Mapping[str, Any]) -> None:
-        self._dra_apply(self._dra.slice_event, kind, obj)
-
-    def replace_taint_rules(self, items: Iterable[Mapping[str, Any]]) -> None:
-        self._dra_apply(self._dra.replace_rules, _reduced(dra_index.parse_rule, items))
-
-    def taint_rule_event(self, kind: str, obj: Mapping[str, Any]) -> None:
-        self._dra_apply(self._dra.rule_event, kind, obj)
-
-    def replace_claims(self, items: Iterable[Mapping[str, Any]]) -> None:
-        claims = _reduced(dra_index.parse_claim, items)
-        with self._lock:
-            self._dra.replace_claims(claims)  # usage only: no node's facts change
-            self._dra_changed(set(), usage=True)
-
-    def claim_event(self, kind: str, obj: Mapping[str, Any]) -> None:
-        with self._lock:
-            if self._dra.claim_event(kind, obj):
-                self._dra_changed(set(), usage=True)
 
     def replace_leases(self, items: Iterable[Mapping[str, Any]]) -> None:
         beats = dict(_reduced(lease_heartbeat, items))
@@ -354,6 +328,7 @@ class ClusterCache(RecheckAccess):
             else:
                 self._leases[name] = beat
             self._leases_changed({name})
+            self._changed()
         metrics.CACHE_OBJECTS.labels("leases").set(len(self._leases))
 
     def _leases_changed(self, nodes: set[str]) -> None:
@@ -396,6 +371,7 @@ class ClusterCache(RecheckAccess):
                 self._refresh_free(new[1].node)
                 self._touch(new[1].node)
             self._pod_version += 1
+            self._changed()
         metrics.child(metrics.CACHE_OBJECTS, "pods").set(len(self._pods))
         if old is None and new is not None and new[1].gpus and self.on_bound is not None:
             self.on_bound(new[0], new[1].node)

@@ -28,16 +28,37 @@ NOT_SYNCED = "the extender's cluster cache has not synced yet, retry shortly: "
 class Call:
     """One extender call, parsed: the candidates in order with their facts.
 
-    Names sent without Node objects are looked up in the view when ``nodes`` is first
-    read (a prepared prioritize answer is served without it); a malformed name is
-    :class:`BadInput` then."""
+    The view is taken when first read (``view`` may be the function that gives it): a
+    prioritize call served from its prepared answer never needs one, and taking it
+    would rebuild it on the call's path after every binding. Names sent without Node
+    objects are looked up in the view when ``nodes`` is first read; a malformed name
+    is :class:`BadInput` then."""
 
-    __slots__ = ("_nodes", "args", "pod", "view")
+    __slots__ = ("_nodes", "_source", "_view", "args", "pod")
 
     def __init__(
-        self, args: wire.ExtenderArgs, pod: PodFacts, view: View, nodes: Candidates | None = None
+        self,
+        args: wire.ExtenderArgs,
+        pod: PodFacts,
+        view: View | Callable[[], View],
+        nodes: Candidates | None = None,
     ) -> None:
-        self.args, self.pod, self.view, self._nodes = args, pod, view, nodes
+        self.args, self.pod, self._nodes = args, pod, nodes
+        if isinstance(view, View):
+            self._view, self._source = view, None
+        else:
+            self._view, self._source = None, view
+
+    @property
+    def view(self) -> View:
+        if self._view is None:
+            assert self._source is not None
+            self._view = self._source()
+        return self._view
+
+    def taken_view(self) -> View | None:
+        """The view, if this call has read it (None: it had no need)."""
+        return self._view
 
     @property
     def nodes(self) -> Candidates:
@@ -121,8 +142,26 @@ class Endpoints:
                 body |= wire.error_result("the request was malformed; see error")
             return json_response(body, 400)
         elapsed = time.perf_counter() - started
+        response = Response(payload, mimetype="application/json")
+        # Run once the answer is written (gunicorn closes the response then), off
+        # kube-scheduler's serial cycle: what comes next (prioritize's preparation
+        # after filter), then the call's metrics and log line.
+        response.call_on_close(lambda: self._after(verb, req, elapsed, details, then))
+        return response
+
+    @staticmethod
+    def _after(
+        verb: str,
+        req: Call,
+        elapsed: float,
+        details: dict[str, Any],
+        then: Callable[[], None] | None,
+    ) -> None:
+        if then is not None:
+            then()
         metrics.child(metrics.LATENCY, verb).observe(elapsed)
         metrics.child(metrics.REQUESTS, verb, "200").inc()
+        view = req.taken_view()
         log.info(
             verb,
             extra={
@@ -130,16 +169,12 @@ class Endpoints:
                 "gpus": req.pod.gpus,
                 "nodes": len(req.args.names),
                 "pod_error": req.pod.error,
-                "view_age_s": None if req.view.age is None else round(req.view.age, 1),
+                "view_age_s": None if view is None or view.age is None else round(view.age, 1),
                 # bound pods the view holds (cluster mode): what a bench compares with
                 # the bindings the API server had made, to see the view's lag
                 # (prioritize's details name the view its answer was scored on)
-                "view_pods": req.view.pods,
+                "view_pods": None if view is None else view.pods,
                 "ms": round(elapsed * 1000, 3),
                 **details,
             },
         )
-        response = Response(payload, mimetype="application/json")
-        if then is not None:  # run once the answer is written (gunicorn closes it then)
-            response.call_on_close(then)
-        return response

@@ -42,10 +42,10 @@ MAX_AGE = 1.0
 
 
 class _Entry:
-    __slots__ = ("answer", "done", "names", "pod", "time", "view")
+    __slots__ = ("answer", "done", "names", "pod", "time", "version")
 
-    def __init__(self, pod: object, names: Sequence[str], view: object, now: float) -> None:
-        self.pod, self.names, self.view, self.time = pod, names, view, now
+    def __init__(self, pod: object, names: Sequence[str], version: object, now: float) -> None:
+        self.pod, self.names, self.version, self.time = pod, names, version, now
         # held until the answer is in (a Lock: a third of an Event's cost to make)
         self.done = threading.Lock()
         self.done.acquire()
@@ -60,8 +60,9 @@ class PreparedAnswers:
         self._wait = wait
         self._clock = clock
 
-    def begin(self, pod: object, names: Sequence[str], view: object) -> _Entry:
-        entry = _Entry(pod, names, view, self._clock())
+    def begin(self, pod: object, names: Sequence[str], version: object) -> _Entry:
+        """A preparation for this pod and names, on the view of ``version``."""
+        entry = _Entry(pod, names, version, self._clock())
         self._entry = entry
         return entry
 
@@ -71,9 +72,10 @@ class PreparedAnswers:
         entry.answer = answer
         entry.done.release()
 
-    def take(self, pod: object, names: Sequence[str], view: object) -> Taken | None:
-        """The answer prepared for this call, or None. Each is used once. ``view``:
-        the view now, only to count whether the answer's is older."""
+    def take(self, pod: object, names: Sequence[str], version: object) -> Taken | None:
+        """The answer prepared for this call, or None. Each is used once.
+        ``version``: the cache's now, only to count whether the answer's view is
+        older."""
         entry = self._entry
         if entry is None:
             metrics.PREPARED.labels("absent").inc()
@@ -87,7 +89,9 @@ class PreparedAnswers:
             return None
         if self._entry is entry:
             self._entry = None
-        metrics.child(metrics.PREPARED, "used" if entry.view is view else "used-older-view").inc()
+        metrics.child(
+            metrics.PREPARED, "used" if entry.version == version else "used-older-view"
+        ).inc()
         return Taken(entry.answer, now - entry.time, self._clock() - now)
 
 

@@ -225,3 +225,37 @@ def test_past_the_event_rate_no_explanation_is_worked_out_and_the_answer_is_the_
     assert explainer.dropped == 1  # once for the pod, though its answer was prepared
     post(client, "prioritize", body(pod, passed))  # the preparation used: computed now
     assert explainer.dropped == 2  # one answer given, one Event counted dropped
+
+
+def test_a_prepared_answer_is_served_without_building_a_view(cluster, monkeypatch):
+    """A binding between the verbs makes the view old; prioritize answered from the
+    preparation only compares the cache's version, and builds no view on its path."""
+    from extender import cache as cache_module
+
+    client, _, cache, _ = cluster
+    pod = make_pod("p", 2)
+    passed = filtered(client, pod)
+    monkeypatch.setattr(cache_module, "READERS_ACTIVE", 0.0)  # no watch builds it either
+    cache.pod_event("ADDED", make_pod("late", 1, node=passed[0], phase="Running"))
+    built = []
+    real = cache._build_view
+    monkeypatch.setattr(cache, "_build_view", lambda: built.append(1) or real())
+    older = used("used-older-view")
+    post(client, "prioritize", body(pod, passed))
+    assert used("used-older-view") == older + 1
+    assert built == []
+
+
+def test_the_calls_log_line_and_metrics_come_once_the_answer_is_written(cluster, caplog):
+    client, _, _, _ = cluster
+    requests = metrics.REQUESTS.labels("filter", "200")
+    with caplog.at_level("INFO", logger="extender"):
+        before = requests._value.get()
+        response = client.post("/filter", json=body(make_pod("p", 2), NAMES))
+        assert response.status_code == 200
+        assert [r for r in caplog.records if r.getMessage() == "filter"] == []
+        assert requests._value.get() == before
+        response.close()  # gunicorn closes the response once it is written
+    (line,) = [r for r in caplog.records if r.getMessage() == "filter"]
+    assert line.ms > 0 and line.view_pods == 30 and line.nodes == len(NAMES)
+    assert requests._value.get() == before + 1
