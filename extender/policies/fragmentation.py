@@ -88,6 +88,11 @@ DENSE_KEYS = 1 << 20
 #: A mix's table of fitting shares has (most GPUs a shape asks + 1) x (CPU levels + 1)
 #: x (memory levels + 1) x models cells; it is built only up to this many (8 MiB).
 TABLE_CELLS = 1 << 20
+#: A table this small (128 KiB) is built for the first call on a mix, however small the
+#: call: it costs about one direct evaluation of a few hundred candidates to build, and
+#: each later call on the mix (the mix changes after 1% of the pods) then reads each
+#: state's share in one gather instead of comparing it with every shape.
+SMALL_TABLE = 1 << 14
 
 
 def _distinct(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -166,7 +171,12 @@ class _Fragmentation:
         cpu_at = np.searchsorted(self.cpu_levels, cpus, side="right")
         ram_at = np.searchsorted(self.ram_levels, rams, side="right")
         work = len(frees) * len(self.share)
-        if self._table is not None or (work > DIRECT and self.cells <= min(work, TABLE_CELLS)):
+        small = self.cells <= min(SMALL_TABLE, TABLE_CELLS)
+        if (
+            self._table is not None
+            or small
+            or (work > DIRECT and self.cells <= min(work, TABLE_CELLS))
+        ):
             at = self._key(np.minimum(frees, self.top), cpu_at, ram_at, models)
             fitting = self.table().ravel().take(at)
         elif work <= DIRECT:

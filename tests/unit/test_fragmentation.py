@@ -330,3 +330,28 @@ def test_the_mixs_table_gives_what_evaluating_every_shape_gives(monkeypatch):
     # a small call on the same mix reads the table too
     small = tuple(part[:5] for part in before), tuple(part[:5] for part in after)
     np.testing.assert_allclose(tabled(*small), direct(*small), rtol=0, atol=1e-9)
+
+
+def test_a_small_mixs_table_is_built_by_its_first_call_however_small(monkeypatch):
+    """A table of at most SMALL_TABLE cells is built by the first call on the mix (a
+    few candidates), and gives what comparing with every shape gives."""
+    import numpy as np
+
+    from extender.columns import Codes
+    from extender.policies import fragmentation
+
+    codes = Codes()
+    for model in ("G1", "G2"):
+        codes.code(model)
+    mix = workload_mix({ANY_1: 5, ANY_8: 3, TaskShape(2, 8000, 16384, ("G2",)): 2})
+    before = (np.array([8, 3, 0, 5]), np.array([64000, 4000, 0, 9000]))
+    before += (np.array([262144, 8192, 0, 20000]), np.array([1, 2, 1, 2]))
+    after = (before[0] - 2, before[1] - 8000, before[2] - 16384, before[3])
+    tabled = fragmentation._Fragmentation(mix, codes)
+    assert tabled.cells <= fragmentation.SMALL_TABLE
+    got = tabled(before, after)
+    assert tabled._table is not None
+    monkeypatch.setattr(fragmentation, "TABLE_CELLS", 0)  # never a table
+    direct = fragmentation._Fragmentation(mix, codes)
+    np.testing.assert_allclose(got, direct(before, after), rtol=0, atol=1e-9)
+    assert direct._table is None
