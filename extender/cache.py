@@ -135,7 +135,10 @@ class ClusterCache(DraEvents, RecheckAccess):
         now = self._monotonic()
         if now - self._read_at < READERS_ACTIVE and now - self._built_at >= EAGER_GAP:
             self._built_at = now
-            self._build_view()
+            try:
+                self._build_view()
+            except Exception:  # the watch goes on; the next request builds it (or says why)
+                log.exception("building the view after a watch event failed")
 
     def _build_view(self) -> View:
         old = self._view

@@ -53,3 +53,21 @@ def test_a_node_or_lease_event_builds_the_view_too():
         assert "n2" in cache._view.nodes and cache._view.version == cache.version()
     finally:
         cache.stop()
+
+
+def test_a_view_that_fails_to_build_does_not_stop_the_watch(monkeypatch, caplog):
+    cache = synced_cache([make_node("n1", 8)])
+    try:
+        cache.view()
+        real = cache._build_view
+
+        def broken():
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(cache, "_build_view", broken)
+        cache.pod_event("ADDED", bound("a", "n1"))  # applied, the build's failure logged
+        assert cache.version()[1] > 0 and "building the view" in caplog.text
+        monkeypatch.setattr(cache, "_build_view", real)
+        assert cache.view().used["n1"] == 1  # the next request builds it
+    finally:
+        cache.stop()
