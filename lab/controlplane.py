@@ -157,7 +157,13 @@ class LocalCluster:
     def server(self) -> str:
         return f"https://127.0.0.1:{self.api_port}"
 
-    def spawn(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> Process:
+    def spawn(
+        self,
+        name: str,
+        args: list[str],
+        env: Mapping[str, str] | None = None,
+        cwd: Path = ROOT,
+    ) -> Process:
         """Start a process in its own session, logging to ``<workdir>/logs/<name>.log``."""
         if name in self.processes and self.processes[name].alive():
             raise ControlPlaneError(f"{name} is already running")
@@ -170,7 +176,7 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env={**clean_env(), **(env or {})},
-                cwd=ROOT,
+                cwd=cwd,
                 start_new_session=True,
             )
         proc = Process(name, popen, log_path, list(args), env)

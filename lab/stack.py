@@ -15,7 +15,7 @@ import logging
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,11 +178,14 @@ class Stack:
         wait: bool = True,
         extra: list[str] | None = None,
         ops_port: int | None = None,
+        cli: Sequence[str] = CLI,
+        tree: Path = ROOT,
     ) -> Process:
         """An extender process named ``name`` on ``port`` (``kubeconfig``: another way
         to the API server, e.g. through a proxy); waits for /readyz (on ``ops_port``
-        when given) unless told not to."""
-        args = [*CLI, "extender", "--host=127.0.0.1", f"--port={port}", *(extra or [])]
+        when given) unless told not to. ``tree``: run another checkout's extender
+        (``cli``: the command that starts it there)."""
+        args = [*cli, "extender", "--host=127.0.0.1", f"--port={port}", *(extra or [])]
         args.append(f"--node-source={node_source}")
         if node_source == "cluster":
             args.append(f"--kubeconfig={kubeconfig or self.cluster.kubeconfig}")
@@ -191,7 +194,8 @@ class Stack:
             path = self.workdir / f"{name}-config.yaml"
             path.write_text(yaml.safe_dump(config))
             args.append(f"--config={path}")
-        proc = self.cluster.spawn(name, args)
+        env = None if tree == ROOT else {"PYTHONPATH": str(tree)}
+        proc = self.cluster.spawn(name, args, env=env, cwd=tree)
         if wait:
             wait_url(f"http://127.0.0.1:{ops_port or port}/readyz", 60, proc)
         return proc

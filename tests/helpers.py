@@ -53,7 +53,7 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str, interval: flo
 
 @contextlib.contextmanager
 def running(
-    args: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path = ROOT
+    args: list[str], log_path: Path, env: dict[str, str] | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run a process for the duration of the block; stop it by pid; keep its log."""
     log = open(log_path, "wb")  # noqa: SIM115 - closed below
@@ -61,7 +61,7 @@ def running(
         args,
         stdout=log,
         stderr=subprocess.STDOUT,
-        cwd=cwd,
+        cwd=ROOT,
         env={**os.environ, **(env or {})},
         start_new_session=True,
     )

@@ -377,32 +377,21 @@ def main(argv: list[str] | None = None) -> int:
 
 @contextlib.contextmanager
 def base_extender(stack: Any, tree: Path) -> Iterator[tuple[str, int, Path]]:
-    """The extender of another checkout (``tree``), as the stack starts ours (cluster
-    mode, the same API server and heartbeat namespace), run from that tree with this
-    interpreter: (its URL, its ops port, its log). Marked for the CPU accounting."""
-    import urllib.request
-
-    from lab.stack import NAMESPACE as HEARTBEATS
-
+    """The extender of another checkout (``tree``), started as the stack starts ours
+    (cluster mode, the same API server and heartbeat namespace) but from that tree,
+    and marked for the CPU accounting: (its URL, its ops port, its log)."""
     tree = tree.resolve()
     if not (tree / "gpu_scheduler" / "cli.py").is_file():
         raise SystemExit(f"--base-tree {tree}: not a checkout of this project")
     port, ops = free_port(), free_port()
-    args = [sys.executable, "-X", proc_cpu.BASE_MARK, "-m", "gpu_scheduler.cli", "extender"]
-    args += ["--host=127.0.0.1", f"--port={port}", f"--ops-port={ops}", "--node-source=cluster"]
-    args += [f"--kubeconfig={stack.cluster.kubeconfig}", f"--heartbeat-namespace={HEARTBEATS}"]
-    log = stack.workdir / "extender-base.log"
-    with running(args, log, env={"PYTHONPATH": str(tree)}, cwd=tree) as proc:
-        deadline = time.monotonic() + 60
-        while True:  # until its cache has synced (/readyz 200)
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ops}/readyz", timeout=2):
-                    break
-            except OSError as exc:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"the base tree's extender is not ready; see {log}") from exc
-                time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}", ops, log
+    cli = [sys.executable, "-X", proc_cpu.BASE_MARK, "-m", "gpu_scheduler.cli"]
+    proc = stack.spawn_extender(
+        "extender-base", port, extra=[f"--ops-port={ops}"], ops_port=ops, cli=cli, tree=tree
+    )
+    try:
+        yield f"http://127.0.0.1:{port}", ops, proc.log_path
+    finally:
+        stack.cluster.stop_process(proc.name)
 
 
 def _cpus(split: bool) -> tuple[set[int], set[int]]:
