@@ -47,7 +47,7 @@ def ours_by_cumulative(stats: pstats.Stats, limit: int) -> list[tuple[str, float
             continue
         prefix = "extender/" if "/extender/" in filename else "gpu_scheduler/"
         rows.append((f"{prefix}{where}:{line} {name}", cumtime, calls))
-        if name == "serve" and where == "app.py":
+        if name == "serve" and where == "endpoints.py":
             serve = cumtime
     rows.sort(key=lambda r: -r[1])
     return [(label, cum / serve if serve else 0.0, calls) for label, cum, calls in rows[:limit]]
