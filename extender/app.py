@@ -25,7 +25,7 @@ from flask import Flask
 from extender import metrics, wire
 from extender.cache import ClusterCache
 from extender.config import ExtenderConfig, load_config
-from extender.endpoints import Call, Endpoints, VerbGuard
+from extender.endpoints import Call, Endpoints, Then, VerbGuard
 from extender.engine import FilterOutcome, candidates_of, filter_nodes, score_array
 from extender.explain import Decision, Explainer, decision, only_fit
 from extender.model import NodeFacts, PodFacts, node_facts, pod_facts
@@ -94,7 +94,7 @@ class Decider:
         # the view is taken, and the names looked up, when first read
         return Call(args, pod, self.cache.view)
 
-    def filter(self, req: Call) -> tuple[bytes, dict[str, Any], Callable[[], None] | None]:
+    def filter(self, req: Call) -> tuple[bytes, dict[str, Any], Then | None]:
         outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
         if not outcome.passed and (unknown := req.nodes.unknown()):
             # Nothing fits among the nodes this view knows, and kube-scheduler knows
@@ -132,7 +132,7 @@ class Decider:
         }
         if rechecked:
             details["rechecked"] = rechecked
-        return body, details, lambda: self.prepare(req, outcome.passed)
+        return body, details, lambda elapsed: self.prepare(req, outcome.passed, elapsed)
 
     def _recheck(self, req: Call, outcome: FilterOutcome) -> tuple[Call, FilterOutcome, int]:
         """kube-scheduler may be retrying the pod on an event the watch has not yet
@@ -152,16 +152,21 @@ class Decider:
         outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
         return req, outcome, changed
 
-    def prepare(self, req: Call, passed: list[str]) -> None:
+    def prepare(self, req: Call, passed: list[str], filter_s: float | None = None) -> bool:
         """After filter's answer is on the wire: prioritize's answer for the names it
         passed (extender/prepared.py). Only for names looked up in the cache (a call
         that sends Node objects is judged by them), and not for one node or none,
-        which kube-scheduler does not score."""
+        which kube-scheduler does not score.
+
+        True when filter passed every candidate and the answer is prepared: its
+        prioritize line then says how long filter took (``filter_ms``, from
+        ``filter_s``), and filter's own line is only a debug one (a filter that
+        turned nodes away keeps its line: its reasons are the news)."""
         if req.args.nodes is not None or len(passed) < 2 or req.pod.error is not None:
-            return
+            return False
         started = time.perf_counter()
         entry = self.prepared.begin(req.pod, passed, req.view.version)
-        answer = None
+        answer, told_on = None, False
         try:
             args = wire.ExtenderArgs(req.args.pod, None, passed)
             # every candidate passed (usual: kube-scheduler's own filters came first):
@@ -171,9 +176,14 @@ class Decider:
             answer = self._score(Call(args, req.pod, req.view, nodes))
             # prioritize's log line says what the preparation took, off its path
             answer[1]["prepared_ms"] = round((time.perf_counter() - started) * 1000, 3)
+            told_on = every and filter_s is not None
+            if every and filter_s is not None:
+                answer[1]["filter_ms"] = round(filter_s * 1000, 3)
         except Exception:  # the call itself will compute it, and fail or not, itself
             log.exception("preparing prioritize's answer failed")
+            told_on = False  # prioritize computes its answer, and its line, itself
         self.prepared.finish(entry, answer)
+        return told_on
 
     def prioritize(self, req: Call) -> tuple[bytes, dict[str, Any], None]:
         # (the cache's version, not its view: a binding since filter would make the

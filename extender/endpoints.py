@@ -101,6 +101,13 @@ class VerbGuard:
         return None
 
 
+#: What a verb's decision leaves to do once its answer is written, given the call's
+#: handler time in seconds: True when that work tells the call's outcome on to the
+#: next call's log line (filter, passed whole to a prepared prioritize), so that this
+#: call's own line is only a debug one.
+Then = Callable[[float], bool]
+
+
 class Endpoints:
     """``/filter`` and ``/prioritize``: guard, sync check, parse, decide, log."""
 
@@ -116,7 +123,7 @@ class Endpoints:
     def serve(
         self,
         verb: str,
-        decide: Callable[[Call], tuple[bytes, dict[str, Any], Callable[[], None] | None]],
+        decide: Callable[[Call], tuple[bytes, dict[str, Any], Then | None]],
     ) -> Response:
         started = time.perf_counter()
         refusal = self.guard.refusal(verb)
@@ -145,7 +152,9 @@ class Endpoints:
         response = Response(payload, mimetype="application/json")
         # Run once the answer is written (gunicorn closes the response then), off
         # kube-scheduler's serial cycle: what comes next (prioritize's preparation
-        # after filter), then the call's metrics and log line.
+        # after filter), then the call's metrics and log line: one line a pod where
+        # filter passed every candidate to a prepared prioritize, whose line says
+        # how long filter took (``filter_ms``).
         response.call_on_close(lambda: self._after(verb, req, elapsed, details, then))
         return response
 
@@ -155,14 +164,17 @@ class Endpoints:
         req: Call,
         elapsed: float,
         details: dict[str, Any],
-        then: Callable[[], None] | None,
+        then: Then | None,
     ) -> None:
-        if then is not None:
-            then()
+        told_on = then(elapsed) if then is not None else False
         metrics.child(metrics.LATENCY, verb).observe(elapsed)
         metrics.child(metrics.REQUESTS, verb, "200").inc()
+        level = logging.DEBUG if told_on else logging.INFO
+        if not log.isEnabledFor(level):
+            return
         view = req.taken_view()
-        log.info(
+        log.log(
+            level,
             verb,
             extra={
                 "pod": req.pod.key,

@@ -16,7 +16,6 @@ Prints create-to-binding p50/p90 per variant and our extender's own handler time
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -37,6 +36,7 @@ from tests.bench.trace import (  # noqa: E402
     node_manifest,
     pod_manifest,
 )
+from tests.bench.trace_reports import extender_call_stats, extender_calls  # noqa: E402
 from tests.bench.trace_runners import (  # noqa: E402
     NAMESPACE,
     Contender,
@@ -65,17 +65,8 @@ def place_one_at_a_time(contender: Contender, tasks: list[Task]) -> list[float]:
 
 def handler_ms(log: Path, since: int) -> dict[str, tuple[float, float]]:
     """p50 handler ms and p50 candidate count per verb, from the extender's JSON log."""
-    out = {}
-    lines = log.read_text().splitlines()[since:]
-    records = [json.loads(line) for line in lines if line.startswith("{")]
-    for verb in ("filter", "prioritize"):
-        calls = [r for r in records if r.get("msg") == verb]
-        if calls:
-            out[verb] = (
-                statistics.median(r["ms"] for r in calls),
-                statistics.median(r["nodes"] for r in calls),
-            )
-    return out
+    stats = extender_call_stats(extender_calls(log.read_text().splitlines()[since:]))
+    return {verb: (s["p50_ms"], s["nodes_p50"]) for verb, s in stats.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

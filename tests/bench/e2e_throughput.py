@@ -206,6 +206,9 @@ def handler_timings(lines: list[str]) -> dict[str, dict[str, float]]:
         verb = record.get("msg") if isinstance(record, dict) else None
         if verb not in ("filter", "prioritize"):
             continue
+        # a filter that passed every candidate is told on its prioritize's line
+        if isinstance(record.get("filter_ms"), int | float):
+            seen.setdefault("filter", {}).setdefault("ms", []).append(record["filter_ms"])
         for key in TIMINGS:
             if isinstance(record.get(key), int | float):
                 seen.setdefault(verb, {}).setdefault(key, []).append(record[key])

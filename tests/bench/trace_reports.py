@@ -45,11 +45,17 @@ def _json_records(lines: list[str]) -> Iterator[dict]:
 
 def extender_calls(lines: list[str]) -> list[tuple[str, float, int]]:
     """(verb, handler ms, candidate nodes) of each filter/prioritize call in our
-    extender's JSON log lines (its access line per verb: msg, ms, nodes)."""
+    extender's JSON log lines: each verb's own line (msg, ms, nodes), and a filter
+    that passed every candidate to a prepared prioritize, told on that prioritize's
+    line (``filter_ms``; its candidates are prioritize's nodes)."""
     out = []
     for record in _json_records(lines):
-        if record.get("msg") in ("filter", "prioritize") and "ms" in record:
-            out.append((record["msg"], float(record["ms"]), int(record["nodes"])))
+        verb = record.get("msg")
+        if verb not in ("filter", "prioritize") or "ms" not in record:
+            continue
+        if isinstance(record.get("filter_ms"), int | float):
+            out.append(("filter", float(record["filter_ms"]), int(record["nodes"])))
+        out.append((verb, float(record["ms"]), int(record["nodes"])))
     return out
 
 

@@ -259,3 +259,27 @@ def test_the_calls_log_line_and_metrics_come_once_the_answer_is_written(cluster,
     (line,) = [r for r in caplog.records if r.getMessage() == "filter"]
     assert line.ms > 0 and line.view_pods == 30 and line.nodes == len(NAMES)
     assert requests._value.get() == before + 1
+
+
+def test_a_filter_that_passed_every_candidate_is_told_on_prioritizes_line(cluster, caplog):
+    """One INFO line a pod: filter's own line only where it turned nodes away (or no
+    prepared prioritize follows); otherwise prioritize's line carries its time."""
+    client, _, _, _ = cluster
+    pod = make_pod("q", 2)
+    roomy = filtered(client, pod)  # the nodes with room: filter passes all of them
+    with caplog.at_level("DEBUG", logger="extender"):
+        assert filtered(client, pod, roomy) == roomy
+        post(client, "prioritize", body(pod, roomy))
+    (quiet,) = [r for r in caplog.records if r.getMessage() == "filter"]
+    assert quiet.levelname == "DEBUG" and quiet.nodes == len(roomy)
+    (line,) = [r for r in caplog.records if r.getMessage() == "prioritize"]
+    assert line.levelname == "INFO" and line.prepared is True
+    assert line.filter_ms > 0 and line.nodes == len(roomy)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="extender"):
+        filtered(client, pod)  # some nodes are too full: filter's reasons are news
+        (only_filter,) = [r for r in caplog.records if r.getMessage() == "filter"]
+        assert only_filter.levelname == "INFO" and only_filter.failed > 0
+        post(client, "prioritize", body(pod, roomy))  # prepared: the names it passed
+    (line,) = [r for r in caplog.records if r.getMessage() == "prioritize"]
+    assert line.prepared is True and not hasattr(line, "filter_ms")

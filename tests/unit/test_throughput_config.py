@@ -80,6 +80,9 @@ def test_the_handlers_own_timings_are_read_from_the_extenders_log(tmp_path):
     ]
     timings = handler_timings(lines)
     assert timings["filter"] == {"ms": 0.5}
+    # a filter that passed every candidate: its time is on prioritize's line
+    carried = '{"msg":"prioritize","ms":0.2,"prepared":true,"filter_ms":0.9}'
+    assert handler_timings([*lines[:3], carried, carried])["filter"] == {"ms": 0.7}
     assert timings["prioritize"] == {
         "ms": 0.5,
         "prepared_after_ms": 2.0,

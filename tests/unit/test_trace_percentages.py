@@ -109,6 +109,16 @@ def test_extender_calls_and_stats():
     assert extender_call_stats([]) == {}
 
 
+def test_a_filter_told_on_its_prioritize_line_is_counted_as_a_filter_call():
+    carried = json.dumps({"msg": "prioritize", "nodes": 230, "ms": 0.3, "filter_ms": 0.9})
+    lines = [carried, access_line("filter", 1.5, 500)]
+    assert extender_calls(lines) == [
+        ("filter", 0.9, 230),
+        ("prioritize", 0.3, 230),
+        ("filter", 1.5, 500),
+    ]
+
+
 def test_quantile_nearest_rank():
     assert _quantile([3.0], 0.99) == 3.0
     assert _quantile([1.0, 2.0], 0.5) == 1.0
