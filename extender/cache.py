@@ -24,6 +24,7 @@ from extender.cache_dra import DraEvents
 from extender.cache_recheck import RecheckAccess
 from extender.columns import FreeState, NodeTable, free_state
 from extender.dra_index import DraIndex
+from extender.layered import Layered
 from extender.model import NodeFacts, lease_heartbeat, node_facts
 from extender.records import PodRecord, object_key, pod_record
 from extender.records import add_count as _add
@@ -75,7 +76,8 @@ class ClusterCache(DraEvents, RecheckAccess):
         # Node name -> its agent's last Lease renewal (None: a Lease not renewed yet).
         self._leases: dict[str, float | None] = {}
         self._pods: dict[str, PodRecord] = {}
-        self._used: dict[str, int] = {}
+        # (Layered: a view's copy costs the changes since the last, not 5,000 entries)
+        self._used: Layered[str, int] = Layered()
         self._groups: dict[tuple[str, str], dict[str, int]] = {}
         # GPUs per product (allocatable), GPUs asked by bound pods restricted to a product
         # (split over the products they accept), and GPUs asked by all bound GPU pods.
@@ -87,7 +89,7 @@ class ClusterCache(DraEvents, RecheckAccess):
         self._ram_used: dict[str, int] = {}
         self._shapes = ShapeCounts()
         # Each node's FreeState, refreshed where its facts or its pods change.
-        self._free: dict[str, FreeState] = {}
+        self._free: Layered[str, FreeState] = Layered()
         # The same facts and FreeState as rows (extender.columns), for the hot path.
         self._table = NodeTable()
         self._lock = threading.RLock()  # re-entered by the recheck's apply_unless_moved
@@ -151,13 +153,12 @@ class ClusterCache(DraEvents, RecheckAccess):
             used, groups, pods = old.used, old.groups, old.pods
             free, mix, table = old.free, old.mix, old.table
         else:
-            free = MappingProxyType(dict(self._free))
+            free = self._free.snapshot()
             table = self._table.snapshot()
             mix = self._shapes.mix()
-            counted = dict(self._used)
-            for name in self._dra_nodes:
-                counted[name] = self._dra.used(name)
-            used = MappingProxyType(counted)
+            used = self._used.snapshot().with_entries(
+                {name: self._dra.used(name) for name in self._dra_nodes}
+            )
             groups = MappingProxyType({k: dict(v) for k, v in self._groups.items()})
             pods = len(self._pods)
         if self._beats_view[0] != version[0]:
@@ -279,7 +280,7 @@ class ClusterCache(DraEvents, RecheckAccess):
             fresh[facts.name] = facts
         with self._lock:
             self._epoch, self._marks = self._epoch + 1, {}
-            self._base, self._nodes, self._capacity, self._free = fresh, {}, {}, {}
+            self._base, self._nodes, self._capacity, self._free = fresh, {}, {}, Layered()
             self._table = NodeTable(len(fresh))
             self._dra_nodes, self._beats = set(), []
             for name in fresh:
@@ -347,7 +348,7 @@ class ClusterCache(DraEvents, RecheckAccess):
         with self._lock:
             self._epoch, self._marks = self._epoch + 1, {}
             self._pods = {}
-            self._used, self._groups, self._demand, self._demand_total = {}, {}, {}, 0
+            self._used, self._groups, self._demand, self._demand_total = Layered(), {}, {}, 0
             self._cpu_used, self._ram_used, self._shapes = {}, {}, ShapeCounts()
             for uid, record in records.items():
                 self._pods[uid] = record

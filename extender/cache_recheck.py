@@ -39,7 +39,7 @@ class RecheckAccess:
     _lock: threading.RLock
     _base: dict[str, NodeFacts]
     _nodes: dict[str, NodeFacts]
-    _free: dict[str, Any]
+    _free: Mapping[str, Any]
     _pods: dict[str, PodRecord]
     _dra: DraIndex
     _marks: dict[str, int]

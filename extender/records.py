@@ -5,7 +5,7 @@ mix's shape). Reduced from the Pod's JSON as it arrives, never kept whole."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 from extender.workload import TaskShape, task_shape
@@ -94,7 +94,7 @@ def object_key(obj: Any) -> str | None:
     return f"{meta.get('namespace')}/{name}" if isinstance(name, str) else None
 
 
-def add_count(counts: dict[Any, int], key: Any, delta: int) -> None:
+def add_count(counts: MutableMapping[Any, int], key: Any, delta: int) -> None:
     """counts[key] += delta, keeping no zero entries."""
     value = counts.get(key, 0) + delta
     if value:
