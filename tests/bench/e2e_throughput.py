@@ -9,7 +9,8 @@ settings as ours, orjson both ways: every node passes, every score 0; the protoc
 floor on our server), and ``--nodes`` GPU nodes (8 GPUs each). For each variant the pods
 are created first, for a scheduler that is not running yet; then that kube-scheduler
 starts and we time the bindings (first to last, so informer start-up is not counted);
-then the pods are deleted and our extender's cache is seen empty before the next:
+then the pods are deleted and our extender's cache is seen empty before the next (each
+round runs the variants in turn, their order turned by one from the round before):
   - without:    deploy/'s gpu-scheduler profile with the extender removed;
   - bare:       the same profile with the bare echo extender (filter + prioritize);
   - ours:       deploy/'s profile as shipped (filter + prioritize);
@@ -275,7 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--qps", type=int, default=2000, help="kube-scheduler client qps=burst")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument(
-        "--rounds", type=int, default=1, help="run the variants this many times, interleaved"
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the variants this many times, interleaved (each round turns their order by one)",
     )
     parser.add_argument(
         "--split-cpus",
@@ -328,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                 served["ours-base"] = (base[0], base[1])
             os.sched_setaffinity(0, plane)  # the kube-schedulers, one a round
             wait_answering(f"http://127.0.0.1:{bare_port}/", 30)
-            for round_, variant in ((r, v) for r in range(opts.rounds) for v in variants):
+            for round_, variant in (
+                (r, v) for r in range(opts.rounds) for v in round_order(variants, r)
+            ):
                 config = variant_config(variant, ours, urls, opts.qps)
                 ops_port, log_path = served[variant]
                 with ThreadPoolExecutor(16) as pool:
@@ -441,6 +447,16 @@ def unstolen(rate: float, spent: dict[str, float]) -> float:
     rate twofold from one round to the next."""
     busy, stolen = (spent.get(k, 0.0) for k in proc_cpu.SHARES)
     return rate * busy / (busy - stolen) if busy > stolen > 0 else rate
+
+
+def round_order(variants: list[str], round_: int) -> list[str]:
+    """The variants in the order round ``round_`` runs them: turned by one each round,
+    so that none is always first or last (etcd's database grows through a round with
+    each variant's pods and Events until the API server compacts it, and the VM's
+    speed drifts within minutes: a fixed order would give one variant the same place
+    in every round)."""
+    turn = round_ % len(variants) if variants else 0
+    return variants[turn:] + variants[:turn]
 
 
 def paired(runs: dict[str, list[float]], base: str, label: str = "") -> str:

@@ -96,3 +96,14 @@ def test_the_handlers_own_timings_are_read_from_the_extenders_log(tmp_path):
     with log.open("a") as f:
         f.write(lines[3] + "\n")
     assert "prioritize ms 0.100, prepared_after_ms 2.000" in handler_line(log, offset)
+
+
+def test_each_round_turns_the_variants_order_so_none_always_runs_first():
+    from tests.bench.e2e_throughput import round_order
+
+    variants = ["bare", "ours", "ours-base"]
+    orders = [round_order(variants, r) for r in range(4)]
+    assert orders[0] == variants and orders[3] == variants
+    assert [o[0] for o in orders[:3]] == variants  # each is first once in three rounds
+    assert all(sorted(o) == sorted(variants) for o in orders)
+    assert round_order([], 2) == []
