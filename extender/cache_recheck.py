@@ -41,6 +41,7 @@ class RecheckAccess:
     _nodes: dict[str, NodeFacts]
     _free: Mapping[str, Any]
     _pods: dict[str, PodRecord]
+    _node_pods: dict[str, list[str]]
     _dra: DraIndex
     _marks: dict[str, int]
     _epoch: int
@@ -59,7 +60,7 @@ class RecheckAccess:
     def recheck_snapshot(self, name: str) -> Snapshot:
         slices = self.reflectors.get("resourceslices")
         with self._lock:
-            pods = {uid: record for uid, record in self._pods.items() if record.node == name}
+            pods = {uid: self._pods[uid] for uid in self._node_pods.get(name, ())}
             return Snapshot(
                 self._mark(name),
                 self._base.get(name),
