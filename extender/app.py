@@ -132,7 +132,8 @@ class Decider:
         }
         if rechecked:
             details["rechecked"] = rechecked
-        return body, details, lambda elapsed: self.prepare(req, outcome.passed, elapsed)
+        # (a filter that read its candidates again keeps its own line: that is news)
+        return body, details, lambda s: self.prepare(req, outcome.passed, s) and not rechecked
 
     def _recheck(self, req: Call, outcome: FilterOutcome) -> tuple[Call, FilterOutcome, int]:
         """kube-scheduler may be retrying the pod on an event the watch has not yet
@@ -176,9 +177,9 @@ class Decider:
             answer = self._score(Call(args, req.pod, req.view, nodes))
             # prioritize's log line says what the preparation took, off its path
             answer[1]["prepared_ms"] = round((time.perf_counter() - started) * 1000, 3)
-            told_on = every and filter_s is not None
             if every and filter_s is not None:
                 answer[1]["filter_ms"] = round(filter_s * 1000, 3)
+                told_on = True
         except Exception:  # the call itself will compute it, and fail or not, itself
             log.exception("preparing prioritize's answer failed")
             told_on = False  # prioritize computes its answer, and its line, itself

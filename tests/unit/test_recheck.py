@@ -304,3 +304,19 @@ def test_a_watch_event_that_lands_during_the_read_is_decided_on(cluster):
     body = _filter(client, make_pod("p", 8), ["a"])
     assert body["NodeNames"] == ["a"], body
     assert _rechecks("same") == same + 1  # the read itself changed nothing
+
+
+def test_a_filter_that_read_its_candidates_again_keeps_its_own_log_line(cluster, caplog):
+    """Every candidate passed, but only after the recheck: that is news, so filter's
+    line stays at INFO rather than being told on prioritize's."""
+    client, _, core = cluster
+    for i in (0, 1):
+        core.list_pod_for_all_namespaces.remove(f"h{i}")  # freed; the watch is behind
+    with caplog.at_level("INFO", logger="extender"):
+        pod = make_pod("p", 8)
+        response = client.post("/filter", json={"Pod": pod, "NodeNames": ["n0", "n1"]})
+        body = response.get_json()
+        response.close()  # gunicorn closes it once written: the line is written then
+    assert body["NodeNames"] == ["n0", "n1"], body
+    (line,) = [r for r in caplog.records if r.getMessage() == "filter"]
+    assert line.levelname == "INFO" and line.rechecked == 2
