@@ -54,6 +54,7 @@ from lab.processes import free_port  # noqa: E402
 from lab.stack import bare_stack, scheduler_config  # noqa: E402
 from tests.bench import proc_cpu  # noqa: E402
 from tests.bench.extender_bench import BARE_APP, BARE_ON_OUR_SERVER  # noqa: E402
+from tests.bench.trace_reports import call_records  # noqa: E402
 from tests.bench.trace_runners import NAMESPACE, clear_pods  # noqa: E402
 from tests.helpers import running  # noqa: E402
 
@@ -196,20 +197,8 @@ def handler_timings(lines: list[str]) -> dict[str, dict[str, float]]:
     lines (``ms``: the call's time in the handler; for a prepared prioritize answer,
     how long after filter's answer the call came, how long it waited for the
     preparation, and how long the preparation took)."""
-    import orjson
-
     seen: dict[str, dict[str, list[float]]] = {}
-    for line in lines:
-        try:
-            record = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        verb = record.get("msg") if isinstance(record, dict) else None
-        if verb not in ("filter", "prioritize"):
-            continue
-        # a filter that passed every candidate is told on its prioritize's line
-        if isinstance(record.get("filter_ms"), int | float):
-            seen.setdefault("filter", {}).setdefault("ms", []).append(record["filter_ms"])
+    for verb, record in call_records(lines):
         for key in TIMINGS:
             if isinstance(record.get(key), int | float):
                 seen.setdefault(verb, {}).setdefault(key, []).append(record[key])

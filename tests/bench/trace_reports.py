@@ -43,20 +43,27 @@ def _json_records(lines: list[str]) -> Iterator[dict]:
             yield record
 
 
-def extender_calls(lines: list[str]) -> list[tuple[str, float, int]]:
-    """(verb, handler ms, candidate nodes) of each filter/prioritize call in our
-    extender's JSON log lines: each verb's own line (msg, ms, nodes), and a filter
-    that passed every candidate to a prepared prioritize, told on that prioritize's
-    line (``filter_ms``; its candidates are prioritize's nodes)."""
-    out = []
+def call_records(lines: list[str]) -> Iterator[tuple[str, dict]]:
+    """(verb, fields) of each filter/prioritize call in our extender's JSON log lines:
+    each verb's own line, and a filter that passed every candidate to a prepared
+    prioritize, told on that prioritize's line (``filter_ms``; its candidates are
+    prioritize's nodes) as ``{"ms": filter_ms, "nodes": nodes}``."""
     for record in _json_records(lines):
         verb = record.get("msg")
-        if verb not in ("filter", "prioritize") or "ms" not in record:
+        if verb not in ("filter", "prioritize"):
             continue
         if isinstance(record.get("filter_ms"), int | float):
-            out.append(("filter", float(record["filter_ms"]), int(record["nodes"])))
-        out.append((verb, float(record["ms"]), int(record["nodes"])))
-    return out
+            yield "filter", {"ms": record["filter_ms"], "nodes": record.get("nodes")}
+        yield verb, record
+
+
+def extender_calls(lines: list[str]) -> list[tuple[str, float, int]]:
+    """(verb, handler ms, candidate nodes) of each call (:func:`call_records`)."""
+    return [
+        (verb, float(record["ms"]), int(record["nodes"]))
+        for verb, record in call_records(lines)
+        if "ms" in record
+    ]
 
 
 def view_lag(lines: list[str], bound_before: dict[str, int]) -> dict[str, float]:
