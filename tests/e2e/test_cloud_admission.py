@@ -71,6 +71,13 @@ def critical_pod(name: str) -> dict:
 def test_every_pod_of_the_install_is_created(limited):
     api = limited.api_client()
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    # The controller manager makes the namespace's default ServiceAccount a moment after
+    # start; until then any pod is refused for that, before the quota is consulted.
+    wait_for(
+        lambda: core.read_namespaced_service_account("default", "default") is not None,
+        60,
+        "the default ServiceAccount",
+    )
     # The rule is on: a critical pod where no quota names the class is refused.
     with pytest.raises(ApiException) as refused:
         core.create_namespaced_pod("default", critical_pod("no-quota-here"))
