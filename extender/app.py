@@ -14,26 +14,32 @@ in ``FailedAndUnresolvableNodes``. Nothing a client sends makes it answer 5xx.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import orjson
 from flask import Flask
 
-from extender import metrics, wire
+from extender import choice, cluster, metrics, wire
 from extender.cache import ClusterCache
 from extender.config import ExtenderConfig, load_config
 from extender.endpoints import Call, Endpoints, Then, VerbGuard
-from extender.engine import FilterOutcome, candidates_of, filter_nodes, score_array
+from extender.engine import (
+    FilterOutcome,
+    candidates_of,
+    filter_nodes,
+    rounded,
+    score_array,
+    weighted_means,
+)
 from extender.explain import Decision, Explainer, decision, only_fit
 from extender.model import NodeFacts, PodFacts, node_facts, pod_facts
 from extender.policies import Policy, build_policies
 from extender.policies.group import group_state
 from extender.prepared import PreparedAnswers
 from extender.view import args_view
-from gpu_scheduler import contract
 from gpu_scheduler.http import (
     BadInput,
     install_ops_endpoints,
@@ -41,8 +47,6 @@ from gpu_scheduler.http import (
 
 log = logging.getLogger("extender")
 
-#: The interpreter's thread switch interval in a cluster-mode worker (seconds).
-SWITCH_INTERVAL = 0.001
 UNECHOABLE = (
     "the Node object nests too deep for the extender to send it back "
     "(orjson's limit is 255 levels); it cannot be placed through this extender"
@@ -121,19 +125,71 @@ class Decider:
                     outcome.failed | outcome.unresolvable,
                 )
             )
-        body = _dump_filter_result(req.args, outcome)
         metrics.child(metrics.NODES, "passed").inc(len(outcome.passed))
         metrics.child(metrics.NODES, "failed").inc(len(outcome.failed))
         metrics.child(metrics.NODES, "unresolvable").inc(len(outcome.unresolvable))
-        details = {
+        details: dict[str, Any] = {
             "passed": len(outcome.passed),
             "failed": len(outcome.failed),
             "unresolvable": len(outcome.unresolvable),
         }
         if rechecked:
             details["rechecked"] = rechecked
+        picker = self._picker(req, outcome.passed)
+        if picker is not None:
+            metrics.child(metrics.FILTER_PICKS, picker).inc()
+            details["picker"] = picker
+            if req.pod.preference is not None:
+                details["preference"] = req.pod.preference
+        if picker == choice.EXTENDER:
+            picked, then = self._pick(req, outcome.passed, details)
+            answer = FilterOutcome([picked], outcome.failed, outcome.unresolvable)
+            return _dump_filter_result(req.args, answer), details, then
+        body = _dump_filter_result(req.args, outcome)
         # (a filter that read its candidates again keeps its own line: that is news)
         return body, details, lambda s: self.prepare(req, outcome.passed, s) and not rechecked
+
+    def _picker(self, req: Call, passed: list[str]) -> str | None:
+        """Who picks among the nodes that fit (extender/choice.py); None where there is
+        nothing to pick (one node or none) or the call sent Node objects (args mode)."""
+        if len(passed) < 2 or req.args.nodes is not None:
+            return None
+        if not self.cfg.filter_chooses or req.pod.preference is not None:
+            return choice.SCHEDULER
+        return choice.EXTENDER
+
+    def _pick(self, req: Call, passed: list[str], details: dict[str, Any]) -> tuple[str, Then]:
+        """The node filter answers alone (extender/choice.py), and what is left to do
+        once the answer is written: remember the decision its Event explains."""
+        # every candidate passed (usual: kube-scheduler's own filters came first):
+        # filter's rows are these, in this order
+        every = len(passed) == len(req.args.names)
+        nodes = req.nodes if every else req.view.candidates(passed)
+        call = Call(wire.ExtenderArgs(req.args.pod, None, passed), req.pod, req.view, nodes)
+        uid, explain = self._explaining(call)
+        parts: dict[str, Sequence[float]] | None = {} if explain else None
+        means = weighted_means(req.pod, nodes, req.view, self.policies, self.cfg, parts)
+        at = nodes.position(choice.pick(req.pod, nodes, means))
+        details["chose"] = passed[at]
+        if uid is not None and not explain:
+            details["explained"] = False
+
+        def then(_: float) -> bool:
+            explainer = self.explainer
+            if explainer is None or uid is None:
+                return False
+            if parts is None:
+                explainer.unexplained()
+                return False
+            scores = np.zeros(len(passed), dtype=np.int64)
+            if means is not None and nodes.where is None:
+                scores[:] = rounded(means)
+            elif means is not None:
+                scores[nodes.where] = rounded(means)
+            explainer.remember(self._decision(call, uid, scores, parts, first=at))
+            return False  # filter's line is the pod's one line
+
+        return passed[at], then
 
     def _recheck(self, req: Call, outcome: FilterOutcome) -> tuple[Call, FilterOutcome, int]:
         """kube-scheduler may be retrying the pod on an event the watch has not yet
@@ -208,30 +264,48 @@ class Decider:
             self.explainer.unexplained()  # once for the answer given, prepared or not
         return body, details, None
 
+    def _explaining(self, req: Call) -> tuple[str | None, bool]:
+        """(the pod's UID where its placement would be explained, else None; whether
+        to work the explanation out: only where its Event would not be dropped for
+        the rate)."""
+        explainer = self.explainer
+        uid = _uid(req.args.pod)
+        if explainer is None or req.pod.gpus == 0 or uid is None:
+            return None, False
+        return uid, explainer.admit()
+
+    def _decision(
+        self,
+        req: Call,
+        uid: str,
+        scores: np.ndarray,
+        parts: dict[str, Sequence[float]],
+        first: int | None = None,
+    ) -> Decision:
+        return decision(
+            req.pod.namespace,
+            req.pod.name,
+            uid,
+            req.pod.gpus,
+            req.args.names,
+            scores,
+            parts,
+            self.cfg.weights,
+            health=lambda i: _health(req.nodes.at(i)),
+            note=self._group_note(req),
+            first=first,
+        )
+
     def _score(self, req: Call) -> tuple[bytes, dict[str, Any], Decision | None]:
         """Prioritize's answer, its log details, and the decision to explain."""
-        uid = _uid(req.args.pod)
-        wanted = self.explainer is not None and req.pod.gpus > 0 and uid is not None
-        # only where its Event would not be dropped for the rate
-        explain = wanted and self.explainer is not None and self.explainer.admit()
-        parts: dict[str, list[float]] | None = {} if explain else None
+        uid, explain = self._explaining(req)
+        parts: dict[str, Sequence[float]] | None = {} if explain else None
         array = score_array(
             req.pod, req.nodes, req.view, self.policies, self.cfg, parts, req.args.names
         )
         chosen = None
-        if explain and uid is not None and parts is not None:
-            chosen = decision(
-                req.pod.namespace,
-                req.pod.name,
-                uid,
-                req.pod.gpus,
-                req.args.names,
-                array,
-                parts,
-                self.cfg.weights,
-                health=lambda i: _health(req.nodes.at(i)),
-                note=self._group_note(req),
-            )
+        if uid is not None and parts is not None:
+            chosen = self._decision(req, uid, array, parts)
         best = int(array.argmax()) if len(array) else None
         body = wire.host_priorities_json(req.args.names, array)
         details = {
@@ -241,7 +315,7 @@ class Decider:
             "view_pods": req.view.pods,
             "view_age_s": None if req.view.age is None else round(req.view.age, 1),
         }
-        if wanted and not explain:
+        if uid is not None and not explain:
             details["explained"] = False
         return body, details, chosen
 
@@ -294,51 +368,6 @@ def _dump_filter_result(args: wire.ExtenderArgs, outcome: FilterOutcome) -> byte
     return orjson.dumps(wire.filter_result(args, outcome))
 
 
-def start_cluster_source(
-    kubeconfig: str | None,
-    heartbeat_namespace: str | None = None,
-    levels: Sequence[str] = contract.TOPOLOGY_LEVELS,
-) -> tuple[ClusterCache, Explainer]:
-    """The cluster cache (list+watch from this worker; the agents' heartbeat Leases
-    from ``heartbeat_namespace``) and the placement explainer, which writes its Events
-    through the same API client."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    from gpu_scheduler.kube import api_client
-
-    # The watches and the Event writer are threads of the process that answers
-    # kube-scheduler. A request thread that wants the interpreter while one of them
-    # holds it waits up to the switch interval (5 ms by default, several times a
-    # whole decision): ask for it back after 1 ms.
-    sys.setswitchinterval(SWITCH_INTERVAL)
-    api = api_client(kubeconfig)
-    core = client.CoreV1Api(api)
-
-    def post(body: dict[str, Any]) -> None:
-        # The client's own create_namespaced_event validates the body into its pydantic
-        # model first, which cost this thread more CPU than sending it (and it holds
-        # the GIL, which the request threads need): the same request through the
-        # client's serialiser, auth and pool, the answer read and dropped unparsed.
-        request = api.param_serialize(
-            method="POST",
-            resource_path="/api/v1/namespaces/{namespace}/events",
-            path_params={"namespace": body["metadata"]["namespace"]},
-            header_params={"Content-Type": "application/json", "Accept": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = api.call_api(*request)
-        response.read()  # the connection goes back to the pool
-        if not 200 <= response.status <= 299:
-            raise ApiException.from_response(http_resp=response, body=None, data=None)
-
-    explainer = Explainer(post).start()
-    cache = ClusterCache(on_bound=explainer.bound, levels=levels)
-    cache.start(core, client.ResourceV1Api(api), client.CoordinationV1Api(api), heartbeat_namespace)
-    return cache, explainer
-
-
 def create_app(
     config: ExtenderConfig | str | None = None,
     node_source: str = "args",
@@ -357,7 +386,7 @@ def create_app(
     if node_source not in ("args", "cluster"):
         raise ValueError(f"node_source must be args or cluster, not {node_source!r}")
     if node_source == "cluster" and cache is None:
-        cache, explainer = start_cluster_source(kubeconfig, heartbeat_namespace, cfg.group_levels)
+        cache, explainer = cluster.start(kubeconfig, heartbeat_namespace, cfg.group_levels)
     decider = Decider(cfg, cache, explainer)
     endpoints = Endpoints(decider.parse, cache, cfg.max_body_bytes, guard or VerbGuard())
     app = Flask("extender")

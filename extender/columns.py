@@ -46,9 +46,10 @@ def free_state(node: NodeFacts, used_gpus: int, cpu_used: int, ram_used: int) ->
 
 #: Row layout: present and readable (1/0), allocatable GPUs, free GPUs, free CPU
 #: (millicores), free memory (MiB), GPU model code, GPU memory per pod (MiB; -1 none),
-#: labelled as a GPU node (1/0), spot capacity (1/0), zone code.
-OK, ALLOC, FREE, CPU, RAM, MODEL, MEMORY, LABELLED, SPOT, ZONE = range(10)
-WIDTH = 10
+#: labelled as a GPU node (1/0), spot capacity (1/0), zone code, PreferNoSchedule
+#: taints (1/0; which ones: ``NodeFacts.soft_taints``).
+OK, ALLOC, FREE, CPU, RAM, MODEL, MEMORY, LABELLED, SPOT, ZONE, SOFT = range(11)
+WIDTH = 11
 #: Every value is kept inside this (the facts are clamped far below it already), so
 #: the arithmetic a policy does on a row (free - request) cannot overflow int64.
 LIMIT = 1 << 61
@@ -111,6 +112,7 @@ def row(facts: NodeFacts, free: FreeState, models: Codes, zones: Codes) -> list[
         1 if facts.labelled_gpu else 0,
         1 if facts.capacity_type == "spot" else 0,
         zones.code(facts.zone),
+        1 if facts.soft_taints else 0,
     ]
 
 

@@ -6,6 +6,8 @@ disabled: []                          # policy names to switch off (e.g. [heartb
 defaultPlacement: binpack             # or spread; pods override with an annotation
 heartbeatWindow: 15m                  # agent silent longer -> no new GPU pods; 0 = off
 maxBodyBytes: 134217728               # request body limit (args mode carries Node objects)
+filterChooses: true                   # filter answers the one node it ranks first
+                                      # (extender/choice.py); false: every node that fits
 groupLevels:                          # topology labels a placement group is packed
   - nvidia.com/gpu.clique             # along, the tightest first (the default list:
   - topology.kubernetes.io/zone       # gpu_scheduler.contract.TOPOLOGY_LEVELS)
@@ -49,6 +51,7 @@ class ExtenderConfig:
     heartbeat_window_seconds: float = 900.0
     max_body_bytes: int = 128 << 20
     group_levels: tuple[str, ...] = contract.TOPOLOGY_LEVELS
+    filter_chooses: bool = True
 
     def __post_init__(self) -> None:
         unknown = set(self.weights) - set(SCORING_POLICIES)
@@ -82,6 +85,8 @@ class ExtenderConfig:
                 raise ConfigError(f"groupLevels: {key!r} is not a node label key")
         if len(set(levels)) != len(levels):
             raise ConfigError("groupLevels: a label key is listed twice")
+        if not isinstance(self.filter_chooses, bool):
+            raise ConfigError("filterChooses must be true or false")
 
     def weight(self, policy: str) -> int:
         return 0 if policy in self.disabled else int(self.weights.get(policy, 0))
@@ -94,6 +99,7 @@ _KEYS = {
     "heartbeatWindow",
     "maxBodyBytes",
     "groupLevels",
+    "filterChooses",
 }
 
 
@@ -126,6 +132,8 @@ def config_from_mapping(data: Mapping[str, Any] | None) -> ExtenderConfig:
         if not isinstance(levels, list):
             raise ConfigError("groupLevels must be a list of node label keys")
         kwargs["group_levels"] = tuple(levels)
+    if "filterChooses" in data:
+        kwargs["filter_chooses"] = data["filterChooses"]
     return ExtenderConfig(**kwargs)
 
 

@@ -125,6 +125,36 @@ def score_array(
         batch = candidates_of(names, nodes, view)
     if batch.known == 0:
         return np.zeros(count, dtype=np.int64)
+    means = weighted_means(pod, batch, view, policies, cfg, parts)
+    if means is None:
+        return np.zeros(count, dtype=np.int64)
+    scores = rounded(means)
+    if batch.where is None:
+        return scores
+    out = np.zeros(count, dtype=np.int64)
+    out[batch.where] = scores
+    return out
+
+
+def rounded(means: np.ndarray) -> np.ndarray:
+    """Weighted means as the integer scores 0..10 the extender answers: half up
+    (truncating, as int() does), then clamped: floating error must never step
+    outside 0..10."""
+    scores = (means + 0.5).astype(np.int64)
+    return np.minimum(np.maximum(scores, 0), MAX_SCORE)
+
+
+def weighted_means(
+    pod: PodFacts,
+    batch: Candidates,
+    view: ClusterView,
+    policies: Sequence[Policy],
+    cfg: ExtenderConfig,
+    parts: dict[str, Sequence[float]] | None = None,
+) -> np.ndarray | None:
+    """Each known candidate's weighted mean of the scoring policies' 0..10 scores,
+    unrounded (what :func:`score_array` rounds; a finer ranking than its integers).
+    None where no policy scores this pod. ``parts``: as for :func:`score_array`."""
     totals = np.zeros(batch.known)
     weight_sum = 0
     for policy in policies:
@@ -146,16 +176,8 @@ def score_array(
         if parts is not None:
             parts[policy.name] = part
     if weight_sum == 0:
-        return np.zeros(count, dtype=np.int64)
-    # Half up (truncating, as int() does), then clamp: floating error must never step
-    # outside 0..10.
-    scores = (totals * (1.0 / weight_sum) + 0.5).astype(np.int64)
-    scores = np.minimum(np.maximum(scores, 0), MAX_SCORE)
-    if batch.where is None:
-        return scores
-    out = np.zeros(count, dtype=np.int64)
-    out[batch.where] = scores
-    return out
+        return None
+    return totals * (1.0 / weight_sum)
 
 
 class _Normalised(Sequence[float]):

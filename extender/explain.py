@@ -71,6 +71,9 @@ class Decision:
     #: From a filter call that left one node (kube-scheduler then skips scoring): why
     #: the others failed, (reason, how many nodes), most common first.
     failed: tuple[tuple[str, int], ...] = ()
+    #: The extender picked the node itself, in filter (extender/choice.py): ties were
+    #: its to break, and nodes with soft taints the pod does not tolerate came last.
+    picked: bool = False
 
 
 def decision(
@@ -85,12 +88,16 @@ def decision(
     keep: int = TOP,
     health: Callable[[int], tuple[int, int] | None] | None = None,
     note: Callable[[int], str | None] | None = None,
+    first: int | None = None,
 ) -> Decision:
     """What one prioritize call decided: the ``keep`` best candidates (:func:`best`),
     each with every scoring policy's 0..10 part, ``health(position)`` of each: its
     healthy and advertised GPUs where some are unhealthy, and ``note(position)``: what
-    drew its placement group there."""
+    drew its placement group there. ``first``: the position of the node the extender
+    picked itself (a filter that picks), kept first."""
     order = best(names, scores, keep)
+    if first is not None:
+        order = [first, *(i for i in order if i != first)][: max(keep, 1)]
     # Each policy's parts for the kept candidates, read in one step where the engine's
     # lazy parts allow it (``pick``) rather than one item at a time.
     picked = [
@@ -108,7 +115,7 @@ def decision(
         for k, i in enumerate(order)
     )
     used = tuple((p, weights.get(p, 0)) for p in parts)
-    return Decision(namespace, name, uid, gpus, len(names), top, used)
+    return Decision(namespace, name, uid, gpus, len(names), top, used, picked=first is not None)
 
 
 def best(names: Sequence[str], scores: Sequence[int], keep: int) -> list[int]:
@@ -199,13 +206,19 @@ def explain(d: Decision, chosen: str) -> str:
         reverse=True,
     )
     why = ", ".join(f"{p} {v:.0f} against {mine[p]:.0f}" for _, p, v in lost)
-    if runner.score > node.score:
+    if runner.score > node.score and d.picked:
+        text += (
+            f". {runner.node} scored {runner.score}, but has a PreferNoSchedule taint "
+            "the pod does not tolerate"
+        )
+    elif runner.score > node.score:
         text += (
             f". The extender preferred {runner.node} (score {runner.score}); "
             "kube-scheduler's own plugins outweighed that"
         )
     elif runner.score == node.score:
-        text += f". {runner.node} scored {runner.score} too (kube-scheduler broke the tie)"
+        breaker = "the extender" if d.picked else "kube-scheduler"
+        text += f". {runner.node} scored {runner.score} too ({breaker} broke the tie)"
         text += f"; it is lower on {why}" if why else ""
     else:
         text += f". Runner-up {runner.node}, score {runner.score}" + (

@@ -31,6 +31,14 @@ NODES = Counter(
     "Candidate nodes by filter outcome",
     ["outcome"],
 )
+FILTER_PICKS = Counter(
+    "gpu_scheduler_extender_filter_picks_total",
+    "Filter calls that left more than one node, by who picks among them (extender: "
+    "it answered the one node it ranks first, so kube-scheduler skips its scoring and "
+    "prioritize; kube-scheduler: every node went back, as the pod asks for preferences "
+    "to be weighed or filterChooses is off)",
+    ["picker"],
+)
 CACHE_OBJECTS = Gauge(
     "gpu_scheduler_extender_cache_objects",
     "Objects held in the cluster cache",

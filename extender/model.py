@@ -23,6 +23,12 @@ from gpu_scheduler.quantity import (
     parse_quantity,
     type_name,
 )
+from gpu_scheduler.taints import (
+    SoftTaint,
+    SoftToleration,
+    node_soft_taints,
+    pod_soft_tolerations,
+)
 from gpu_scheduler.textclip import clip
 from gpu_scheduler.timestamps import rfc3339_seconds
 
@@ -82,6 +88,8 @@ class NodeFacts:
     #: extender's ``groupLevels``); without them, its zone alone (given None, set
     #: so at init: never None on a made object).
     domains: tuple[tuple[str, str], ...] | None = None
+    #: Its ``PreferNoSchedule`` taints, (key, value) (gpu_scheduler/taints.py).
+    soft_taints: tuple[SoftTaint, ...] = ()
 
     def __post_init__(self) -> None:
         product, zone = self.product, self.zone
@@ -176,6 +184,7 @@ def _node_facts(
         cpu_milli=_milli(allocatable_map.get("cpu")),
         ram_mib=_mib(allocatable_map.get("memory")),
         health=health,
+        soft_taints=node_soft_taints(node.get("spec")),
     )
 
 
@@ -248,6 +257,11 @@ class PodFacts:
     error: str | None = None  # an annotation we cannot honour: every node fails with it
     cpu_milli: int = 0  # requests, as kube-scheduler sums them
     ram_mib: int = 0
+    #: What asks kube-scheduler's own scoring to weigh nodes (preferred affinity, a
+    #: ScheduleAnyway spread), in words; None: nothing (gpu_scheduler.podspec).
+    preference: str | None = None
+    #: Its tolerations that can match a ``PreferNoSchedule`` taint.
+    soft_tolerations: tuple[SoftToleration, ...] = ()
 
     @property
     def key(self) -> str:
@@ -294,6 +308,7 @@ def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> Pod
 
     group = annotation(contract.ANN_GROUP) or None
     cpu_milli, ram_mib = podspec.pod_cpu_memory(pod.get("spec"))
+    preference, tolerations = _preferences(pod.get("spec"))
     return PodFacts(
         namespace=namespace,
         name=name,
@@ -306,4 +321,22 @@ def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> Pod
         error="; ".join(errors) or None,
         cpu_milli=cpu_milli,
         ram_mib=ram_mib,
+        preference=preference,
+        soft_tolerations=tolerations,
     )
+
+
+#: A pod whose preferences cannot be read is taken to have some: the extender then
+#: leaves the choice to kube-scheduler's scoring, as it would for preferences.
+UNREADABLE_PREFERENCES = "scheduling preferences it cannot read"
+
+
+def _preferences(spec: Any) -> tuple[str | None, tuple[SoftToleration, ...]]:
+    """(:attr:`PodFacts.preference`, :attr:`PodFacts.soft_tolerations`); they inform
+    only who picks among the nodes that fit, so a field of the wrong type never
+    fails the pod."""
+    try:
+        spec = expect_object(spec, "spec")
+        return podspec.pod_preference(spec), pod_soft_tolerations(spec)
+    except FieldError:
+        return UNREADABLE_PREFERENCES, ()

@@ -1,6 +1,7 @@
 """What a pod spec asks for, read as kube-scheduler reads it: per-container and
 effective pod requests of a resource (sidecars and overhead counted), whole GPUs, CPU
-and memory, and the PodGroup it joins. JSON forms in; :class:`FieldError` names the
+and memory, the PodGroup it joins, and the preferences it asks kube-scheduler's scoring
+to weigh. JSON forms in; :class:`FieldError` names the
 field that is malformed."""
 
 from __future__ import annotations
@@ -98,6 +99,37 @@ def pod_group_name(spec: Mapping[str, Any]) -> str | None:
     outer, inner = POD_GROUP_FIELD
     group = object_at(spec, outer, f"spec.{outer}")
     return string_at(group, inner, f"spec.{outer}.{inner}") or None
+
+
+#: Affinity kinds whose ``preferredDuringSchedulingIgnoredDuringExecution`` terms
+#: kube-scheduler's NodeAffinity and InterPodAffinity scores weigh.
+PREFERRED_AFFINITIES = (
+    ("nodeAffinity", "preferred node affinity"),
+    ("podAffinity", "preferred pod affinity"),
+    ("podAntiAffinity", "preferred pod anti-affinity"),
+)
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def pod_preference(spec: Mapping[str, Any]) -> str | None:
+    """What in a pod spec asks kube-scheduler's own scoring to weigh nodes, in words
+    (the first found), or None: preferred node affinity, preferred pod affinity or
+    anti-affinity, or a topology spread constraint with ``whenUnsatisfiable:
+    ScheduleAnyway``. Raises :class:`FieldError` for a field of the wrong type."""
+    affinity = object_at(spec, "affinity", "spec.affinity")
+    for kind, words in PREFERRED_AFFINITIES:
+        terms = object_at(affinity, kind, f"spec.affinity.{kind}")
+        if list_at(terms, PREFERRED, f"spec.affinity.{kind}.{PREFERRED}"):
+            return words
+    for i, constraint in enumerate(
+        list_at(spec, "topologySpreadConstraints", "spec.topologySpreadConstraints")
+    ):
+        path = f"spec.topologySpreadConstraints[{i}]"
+        constraint = expect_object(constraint, path)
+        when = string_at(constraint, "whenUnsatisfiable", f"{path}.whenUnsatisfiable")
+        if when == "ScheduleAnyway":
+            return "a ScheduleAnyway topology spread constraint"
+    return None
 
 
 def pod_cpu_memory(spec: Any) -> tuple[int, int]:

@@ -13,7 +13,11 @@ then the pods are deleted and our extender's cache is seen empty before the next
 round runs the variants in turn, their order turned by one from the round before):
   - without:    deploy/'s gpu-scheduler profile with the extender removed;
   - bare:       the same profile with the bare echo extender (filter + prioritize);
-  - ours:       deploy/'s profile as shipped (filter + prioritize);
+  - bare-first: the same, the bare extender's filter answering the first candidate
+                alone: the floor of a filter that picks (one round trip, and no
+                scoring pass in kube-scheduler);
+  - ours:       deploy/'s profile as shipped (filter, which picks where the pod asks
+                for no preferences: extender/choice.py; prioritize where it does);
   - ours-prio:  deploy/'s profile with only the prioritize verb;
   - ours-base:  with ``--base-tree DIR`` (a checkout of another commit, e.g. ``git
     worktree add /tmp/base HEAD~3``), deploy/'s profile with the extender of that
@@ -59,7 +63,7 @@ from tests.bench.trace_runners import NAMESPACE, clear_pods  # noqa: E402
 from tests.helpers import running  # noqa: E402
 
 TAINT = {"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}
-VARIANTS = ("without", "bare", "ours", "ours-prio", "ours-base")
+VARIANTS = ("without", "bare", "bare-first", "ours", "ours-prio", "ours-base")
 SIZES = [1, 1, 2, 4, 1, 2, 8, 1]
 
 
@@ -104,6 +108,9 @@ def variant_config(variant: str, ours: str, urls: dict[str, str], qps: int) -> d
     ``bench-<variant>``, the client rate limit raised to ``qps`` (burst the same);
     ``urls``: the extender of a variant that is not served by ours (bare, ours-base)."""
     cfg = scheduler_config(urls.get(variant, ours), profile=f"bench-{variant}")
+    if variant == "bare-first":
+        for extender in cfg["extenders"]:
+            extender["filterVerb"] = "filter-first"
     if variant == "without":
         cfg.pop("extenders")
     elif variant == "ours-prio":
@@ -245,8 +252,8 @@ def table(results: dict[str, float], nodes: int, pods: int, qps: int) -> str:
     rows = [
         f"{pods} GPU pods over {nodes} nodes (8 GPUs each), client qps/burst {qps or 'as deploy/'}",
         "",
-        "| variant | pods/s | ÷ bare | ÷ without |",
-        "|---|---:|---:|---:|",
+        "| variant | pods/s | ÷ bare | ÷ bare-first | ÷ without |",
+        "|---|---:|---:|---:|---:|",
     ]
     for variant, rate in results.items():
         ratios = [f"{rate / results[base]:.2f}" if results.get(base) else "" for base in BASES]
@@ -255,7 +262,7 @@ def table(results: dict[str, float], nodes: int, pods: int, qps: int) -> str:
 
 
 #: What each rate is divided by, where that variant ran.
-BASES = ("bare", "without")
+BASES = ("bare", "bare-first", "without")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         bare_port = free_port()
         bare_cmd = [sys.executable, str(work / "bare.py"), str(bare_port), "4"]
         ours = f"http://127.0.0.1:{stack.extender_port}"
-        urls = {"bare": f"http://127.0.0.1:{bare_port}"}
+        urls = {v: f"http://127.0.0.1:{bare_port}" for v in ("bare", "bare-first")}
         # (ops port, log) of the extender that answers each variant
         served = {v: (stack.extender_ops_port, extender_log) for v in variants}
         runs: dict[str, list[float]] = {v: [] for v in variants}
@@ -365,9 +372,11 @@ def main(argv: list[str] | None = None) -> int:
             "\nevery round (pods/s): "
             + "; ".join(f"{v} {', '.join(f'{r:.1f}' for r in rates)}" for v, rates in runs.items())
         )
-        print(paired(runs, "bare"))
         adjusted = {v: [unstolen(r, c) for r, c in zip(runs[v], cpu[v], strict=True)] for v in runs}
-        print(paired(adjusted, "bare", " (each rate adjusted for steal)"))
+        for base in ("bare", "bare-first"):
+            if runs.get(base):
+                print(paired(runs, base))
+                print(paired(adjusted, base, " (each rate adjusted for steal)"))
     print()
     print(cpu_table(cpu))
     return 0

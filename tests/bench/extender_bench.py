@@ -55,6 +55,11 @@ def filter_():
     names = orjson.loads(request.get_data())["NodeNames"]
     body = {"NodeNames": names, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
     return Response(orjson.dumps(body), mimetype="application/json")
+@app.post("/filter-first")
+def filter_first():  # the floor of a filter that picks: the first candidate alone
+    names = orjson.loads(request.get_data())["NodeNames"][:1]
+    body = {"NodeNames": names, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
+    return Response(orjson.dumps(body), mimetype="application/json")
 @app.post("/prioritize")
 def prioritize():
     names = orjson.loads(request.get_data())["NodeNames"]

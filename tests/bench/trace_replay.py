@@ -31,7 +31,8 @@ sample: the FGD paper's protocol (tests/bench/sampling.py): per seed, tasks draw
         GPU allocation at 50/75/90/100/110/130% arrived, at the first failure,
         fragmentation at 90% arrived; median and range over the seeds. --variants
         runs our profile once per extender weight set (e.g.
-        "binpack:gpu=3,scarcity=6;fgd:fragmentation=10,gpu=0,scarcity=0").
+        "binpack:gpu=3,scarcity=6;fgd:fragmentation=10,gpu=0,scarcity=0"; a pair
+        filterChooses=false sets that switch: "picks:;both:filterChooses=false").
         --percentages runs our profile once per kube-scheduler
         percentageOfNodesToScore (set on the profile; "default": unset, i.e. adaptive,
         50 - nodes/125 %, at least 5% and 100 nodes), labelled
@@ -317,18 +318,26 @@ def report_replay(
         )
 
 
+#: Extender settings a variant may set besides the weights (true/false).
+SWITCHES = ("filterChooses",)
+
+
 def parse_variants(text: str) -> list[tuple[str, dict[str, Any] | None]]:
-    """``NAME:policy=w,...;...`` -> [(label, extender config)]; none: our defaults."""
+    """``NAME:policy=w,...;...`` -> [(label, extender config)]; none: our defaults.
+    ``filterChooses=false`` among the pairs sets that switch instead of a weight."""
     if not text.strip():
         return [("gpu-scheduler", None)]
     variants = []
     for item in filter(None, (part.strip() for part in text.split(";"))):
         label, _, spec = item.partition(":")
-        weights = {}
+        config: dict[str, Any] = {"weights": {}}
         for pair in filter(None, spec.split(",")):
-            policy, _, weight = pair.partition("=")
-            weights[policy.strip()] = int(weight)
-        variants.append((f"gpu-scheduler[{label.strip()}]", {"weights": weights}))
+            key, _, value = (part.strip() for part in pair.partition("="))
+            if key in SWITCHES:
+                config[key] = value.lower() == "true"
+            else:
+                config["weights"][key] = int(value)
+        variants.append((f"gpu-scheduler[{label.strip()}]", config))
     return variants
 
 
@@ -435,7 +444,7 @@ def sample_line(
     for verb, v in (calls or {}).items():
         if verb == "view lag":
             line += (
-                f"; view behind the bindings on {v['share']:.1%} of prioritize calls "
+                f"; view behind the bindings on {v['share']:.1%} of scoring calls "
                 f"(by {v['pods_behind_mean']:.1f} pods on average)"
             )
             continue
@@ -467,7 +476,7 @@ def report_samples(
     lag_lines = "\n".join(
         f"- {label}: the view lagged the bindings on "
         + ", ".join(f"{lag['share']:.1%}" for lag in per_seed)
-        + " of prioritize calls (per seed; "
+        + " of scoring calls (per seed; "
         + ", ".join(f"{lag['pods_behind_mean']:.1f}" for lag in per_seed)
         + " pods behind on average when it did)"
         for label, per_seed in lags.items()

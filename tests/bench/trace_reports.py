@@ -70,11 +70,13 @@ def view_lag(lines: list[str], bound_before: dict[str, int]) -> dict[str, float]
     """How often our extender scored a pod before its view held the bindings the API
     server had already made (issue 27). ``bound_before``: pod name -> GPU pods bound
     when it was submitted (sample mode submits each after the previous one's outcome).
-    Per prioritize call: lagging when the view held fewer bound pods than that."""
+    Per scoring call (prioritize, or a filter that picked the node: extender/choice.py):
+    lagging when the view held fewer bound pods than that."""
     calls = lagging = missing = 0
     for record in _json_records(lines):
         name = str(record.get("pod", "")).rpartition("/")[2]
-        if record.get("msg") != "prioritize" or name not in bound_before:
+        scored = record.get("msg") == "prioritize" or "chose" in record
+        if not scored or name not in bound_before:
             continue
         calls += 1
         behind = bound_before[name] - int(record.get("view_pods") or 0)

@@ -70,14 +70,21 @@ def apply(stack, docs: list[dict[str, Any]], namespace: str, workdir: Path) -> N
 
 
 def _our_best(stack, namespace: str, pod: str) -> str | None:
-    """The node the extender's last prioritize answer for a pod ranked first (its log)."""
+    """The node the extender last ranked first for a pod (its log): the node its filter
+    picked (``chose``), or its prioritize answer's best (a pod kube-scheduler picks
+    for: extender/choice.py)."""
     log = stack.cluster.processes["extender"].log_path.read_text(errors="replace")
     best = None
     for line in log.splitlines():
-        if '"prioritize"' in line and f'"{namespace}/{pod}"' in line:
-            record = json.loads(line)
-            if record.get("msg") == "prioritize" and record.get("pod") == f"{namespace}/{pod}":
-                best = record.get("best")
+        if f'"{namespace}/{pod}"' not in line:
+            continue
+        record = json.loads(line)
+        if record.get("pod") != f"{namespace}/{pod}":
+            continue
+        if record.get("msg") == "prioritize":
+            best = record.get("best")
+        elif record.get("msg") == "filter" and record.get("chose"):
+            best = record["chose"]
     return best
 
 
@@ -417,7 +424,7 @@ def test_kueue_topology_keeps_a_job_in_one_block_and_our_scores_pick_its_nodes(
     kueue-topology.yaml). Block b1 holds one clique of an 8-GPU node with 4 GPUs in use
     and an empty 2-GPU node; block b2 two empty 8-GPU nodes. The job (two 1-GPU pods,
     required: one block) is sent by Kueue to b1, its best fit; inside it each pod goes
-    to the node our extender's prioritize answer ranked first. Kueue chose the domain,
+    to the node our extender ranked first (its filter's pick). Kueue chose the domain,
     we chose the nodes. (Which of b1's two nodes that is depends on the cluster-wide
     workload mix, which holds the module's earlier tests' pods while they are being
     deleted: usually the 2-GPU node, but the 8-GPU one in a CI run with many 8-GPU

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from extender.app import create_app
 from extender.cache import ClusterCache
+from extender.config import ExtenderConfig
+from extender.model import pod_facts
 from extender.records import pod_record
 from gpu_scheduler import contract
 from tests.factories import make_lease, make_node, make_pod
@@ -142,14 +144,41 @@ def test_cluster_mode_accounts_for_every_node(data, nodes, pod, unknown):
     names = [n["metadata"]["name"] for n in nodes]
     cache = synced_cache(nodes, data.draw(running_pods(names)), clock=lambda: 1_800_000_000.0)
     cache.replace_leases(data.draw(leases(names)))
-    client = create_app(node_source="cluster", cache=cache).test_client()
+    client = create_app(
+        ExtenderConfig(filter_chooses=False), node_source="cluster", cache=cache
+    ).test_client()
+    picks = create_app(node_source="cluster", cache=cache).test_client()
     asked = names + [f"ghost{i}" for i in range(unknown)]
     body = {"Pod": pod, "Nodes": None, "NodeNames": asked}
     try:
-        check_filter(client.post("/filter", json=body).get_json(), asked, unknown)
+        every = client.post("/filter", json=body).get_json()
+        check_filter(every, asked, unknown)
         check_scores(client.post("/prioritize", json=body).get_json(), asked)
+        check_pick(picks.post("/filter", json=body).get_json(), every, client, pod)
     finally:
         cache.stop()
+
+
+def check_pick(picked, every, client, pod):
+    """A filter that picks answers the same refusals, and of the nodes that fit only
+    one that prioritize ranks first (these nodes carry no soft taints)."""
+    assert picked["Error"] == every["Error"]
+    if every["Error"]:
+        return
+    assert picked["FailedNodes"] == every["FailedNodes"]
+    assert picked["FailedAndUnresolvableNodes"] == every["FailedAndUnresolvableNodes"]
+    fit = every["NodeNames"]
+    if len(fit) < 2 or pod_facts(pod).preference is not None:
+        assert picked["NodeNames"] == fit
+        return
+    (chosen,) = picked["NodeNames"]
+    scores = {
+        h["Host"]: h["Score"]
+        for h in client.post(
+            "/prioritize", json={"Pod": pod, "Nodes": None, "NodeNames": fit}
+        ).get_json()
+    }
+    assert scores[chosen] == max(scores.values())
 
 
 @settings(max_examples=100, deadline=None)

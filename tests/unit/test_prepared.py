@@ -9,6 +9,7 @@ import pytest
 from extender import app as app_module
 from extender import metrics
 from extender.app import create_app
+from extender.config import ExtenderConfig
 from extender.explain import Explainer
 from extender.prepared import PreparedAnswers
 from tests.factories import make_node, make_pod
@@ -37,10 +38,13 @@ def cluster():
     remembered: list = []
     explainer = Explainer(lambda b: None)
     explainer.remember = remembered.append  # type: ignore[method-assign]
-    app = create_app(node_source="cluster", cache=cache, explainer=explainer)
+    # kube-scheduler picks (filterChooses off, or a pod with preferences): filter
+    # passes every node that fits, and prioritize follows.
+    both = ExtenderConfig(filter_chooses=False)
+    app = create_app(both, node_source="cluster", cache=cache, explainer=explainer)
     # The same cache behind a second app that is only ever asked prioritize: what the
     # answer is when nothing was prepared.
-    fresh = create_app(node_source="cluster", cache=cache)
+    fresh = create_app(both, node_source="cluster", cache=cache)
     yield app.test_client(), fresh.test_client(), cache, remembered
     cache.stop()
 

@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY
 from extender import recheck as recheck_module
 from extender.app import create_app
 from extender.bucket import TokenBucket
+from extender.config import ExtenderConfig
 from extender.recheck import Recheck
 from tests.factories import make_node, make_pod
 from tests.fakeapi import FakeCore, synced_cache
@@ -309,7 +310,10 @@ def test_a_watch_event_that_lands_during_the_read_is_decided_on(cluster):
 def test_a_filter_that_read_its_candidates_again_keeps_its_own_log_line(cluster, caplog):
     """Every candidate passed, but only after the recheck: that is news, so filter's
     line stays at INFO rather than being told on prioritize's."""
-    client, _, core = cluster
+    _, cache, core = cluster
+    # kube-scheduler picks here (a filter that picks always keeps its line)
+    both = ExtenderConfig(filter_chooses=False)
+    client = create_app(both, node_source="cluster", cache=cache).test_client()
     for i in (0, 1):
         core.list_pod_for_all_namespaces.remove(f"h{i}")  # freed; the watch is behind
     with caplog.at_level("INFO", logger="extender"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tests.bench.e2e_throughput import binding_times, variant_config
 
 OURS, BARE, BASE = "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"
-URLS = {"bare": BARE, "ours-base": BASE}
+URLS = {"bare": BARE, "bare-first": BARE, "ours-base": BASE}
 
 
 def test_each_variant_changes_only_its_part():
@@ -19,6 +19,11 @@ def test_each_variant_changes_only_its_part():
 
     (bare,) = variant_config("bare", OURS, URLS, 2000)["extenders"]
     assert bare["urlPrefix"] == BARE and bare["filterVerb"] == "filter"
+
+    # the floor of a filter that picks: the bare extender's first-candidate filter
+    (first,) = variant_config("bare-first", OURS, URLS, 2000)["extenders"]
+    assert first["urlPrefix"] == BARE and first["filterVerb"] == "filter-first"
+    assert first["prioritizeVerb"] == "prioritize"
 
     # another tree's extender, with deploy/'s profile as ours has it
     (base,) = variant_config("ours-base", OURS, URLS, 2000)["extenders"]

@@ -157,3 +157,16 @@ def test_view_lag_counts_prioritize_calls_whose_view_missed_bindings():
     ]
     lag = view_lag(lines, {"a": 0, "b": 1, "c": 2})
     assert lag == {"calls": 3, "lagging": 1, "share": 1 / 3, "pods_behind_mean": 1.0}
+    # a filter that picked the node scored the pod itself (no prioritize follows)
+    picked = json.dumps({"msg": "filter", "pod": "default/d", "view_pods": 1, "chose": "n"})
+    lag = view_lag([*lines, picked], {"a": 0, "b": 1, "c": 2, "d": 3})
+    assert lag["calls"] == 4 and lag["lagging"] == 2
+
+
+def test_a_variant_may_set_filter_chooses():
+    from tests.bench.trace_replay import parse_variants
+
+    assert parse_variants("picks:;both:filterChooses=false,gpu=3") == [
+        ("gpu-scheduler[picks]", {"weights": {}}),
+        ("gpu-scheduler[both]", {"weights": {"gpu": 3}, "filterChooses": False}),
+    ]

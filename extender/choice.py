@@ -1,0 +1,62 @@
+"""A filter that picks: one round trip a pod, and no scoring pass in kube-scheduler.
+
+With ``filterChooses`` on (the default), a filter call that leaves more than one node
+answers only the node the extender ranks first. kube-scheduler then has one feasible
+node, and with one it skips its PreScore and Score plugins and the prioritize call
+altogether (``schedulePod`` in ``pkg/scheduler/schedule_one.go``: "When only one
+node after predicate, just use it"). The refusals, their reasons and every retry
+answer are the filter's as before; only the nodes that fit and rank lower are left
+out of the answer (in neither failed map: they did not fail, and a pod with a node
+to go to is never diagnosed or preempted for).
+
+What kube-scheduler's scoring would have added, and how the pick keeps it:
+
+- **The pod's own preferences** (preferred node or pod affinity, a ScheduleAnyway
+  topology spread): the extender does not pick. Every node that fits goes back, and
+  kube-scheduler weighs them with ours through prioritize, as without this option.
+- **PreferNoSchedule taints** (Cluster Autoscaler marks the nodes it means to remove
+  with one): a node with taints the pod does not tolerate is picked only when every
+  node that fits has as many; fewer intolerable taints come first.
+- **Ties** on the extender's score are broken by its unrounded score (a finer ranking
+  than the 0..10 integers kube-scheduler is sent), then by the least free CPU, then
+  memory (kube-scheduler's MostAllocated in deploy/'s profile), then kube-scheduler's
+  own order of the candidates. Image locality and BalancedAllocation, which only
+  broke ties before (their 0..100 against the extender's 100 a point), are not
+  weighed.
+
+Only in cluster mode: in args mode the extender sees no pods, so its binpack is off
+and kube-scheduler's MostAllocated, which sees them, must choose.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from extender.columns import CPU, RAM, SOFT, Candidates
+from extender.model import PodFacts
+from gpu_scheduler.taints import intolerable
+
+#: Who picks among the nodes that fit, as counted and logged.
+EXTENDER = "extender"
+SCHEDULER = "kube-scheduler"
+
+
+def pick(pod: PodFacts, batch: Candidates, means: np.ndarray | None) -> int:
+    """The position among ``batch``'s known candidates of the node to answer.
+
+    ``means``: the known candidates' unrounded scores (engine.weighted_means; None:
+    no policy scores this pod, so all tie). Pure: the ranking described above."""
+    known = batch.known
+    cols = batch.cols
+    keys: list[np.ndarray] = [np.arange(known), cols[RAM], cols[CPU]]
+    if means is not None:
+        keys.append(-means)
+    tainted = np.flatnonzero(cols[SOFT])
+    if len(tainted):
+        counts = np.zeros(known, dtype=np.int64)
+        tolerations = pod.soft_tolerations
+        for j in tainted.tolist():
+            counts[j] = intolerable(tolerations, batch.facts(j).soft_taints)
+        keys.append(counts)
+    # lexsort: the last key is the primary one
+    return int(np.lexsort(keys)[0])
