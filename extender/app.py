@@ -47,6 +47,8 @@ from gpu_scheduler.http import (
 
 log = logging.getLogger("extender")
 
+#: What a filter whose line is told on prioritize's passes on to that line.
+TOLD_ON = ("picker", "preference")
 UNECHOABLE = (
     "the Node object nests too deep for the extender to send it back "
     "(orjson's limit is 255 levels); it cannot be placed through this extender"
@@ -147,7 +149,11 @@ class Decider:
             return _dump_filter_result(req.args, answer), details, then
         body = _dump_filter_result(req.args, outcome)
         # (a filter that read its candidates again keeps its own line: that is news)
-        return body, details, lambda s: self.prepare(req, outcome.passed, s) and not rechecked
+        return (
+            body,
+            details,
+            lambda s: self.prepare(req, outcome.passed, s, details) and not (rechecked),
+        )
 
     def _picker(self, req: Call, passed: list[str]) -> str | None:
         """Who picks among the nodes that fit (extender/choice.py); None where there is
@@ -209,7 +215,13 @@ class Decider:
         outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
         return req, outcome, changed
 
-    def prepare(self, req: Call, passed: list[str], filter_s: float | None = None) -> bool:
+    def prepare(
+        self,
+        req: Call,
+        passed: list[str],
+        filter_s: float | None = None,
+        told: dict[str, Any] | None = None,
+    ) -> bool:
         """After filter's answer is on the wire: prioritize's answer for the names it
         passed (extender/prepared.py). Only for names looked up in the cache (a call
         that sends Node objects is judged by them), and not for one node or none,
@@ -217,7 +229,8 @@ class Decider:
 
         True when filter passed every candidate and the answer is prepared: its
         prioritize line then says how long filter took (``filter_ms``, from
-        ``filter_s``), and filter's own line is only a debug one (a filter that
+        ``filter_s``) and who picks and why (``told``: filter's ``picker`` and
+        ``preference``), and filter's own line is only a debug one (a filter that
         turned nodes away keeps its line: its reasons are the news)."""
         if req.args.nodes is not None or len(passed) < 2 or req.pod.error is not None:
             return False
@@ -235,6 +248,7 @@ class Decider:
             answer[1]["prepared_ms"] = round((time.perf_counter() - started) * 1000, 3)
             if every and filter_s is not None:
                 answer[1]["filter_ms"] = round(filter_s * 1000, 3)
+                answer[1].update((k, v) for k, v in (told or {}).items() if k in TOLD_ON)
                 told_on = True
         except Exception:  # the call itself will compute it, and fail or not, itself
             log.exception("preparing prioritize's answer failed")

@@ -7,11 +7,22 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
+
 from gpu_scheduler import contract
-from tests.e2e.kube import bind_pod, core, create_pod, pod_manifest, unique, wait_bound, wait_event
+from tests.e2e.kube import (
+    bind_pod,
+    core,
+    create_pod,
+    delete_pod,
+    pod_manifest,
+    unique,
+    wait_bound,
+    wait_event,
+)
 from tests.e2e.scenarios import GPU_TAINT, gpu_node
 
 CA_TAINT = {
@@ -44,6 +55,16 @@ def calls(stack, pod: str) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.fixture
+def made(stack) -> Iterator[list[str]]:
+    """Pods a test makes, deleted after it: the GPU pods bound in the cluster weigh in
+    the fragmentation policy's workload mix, which later modules' cases are set for."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        delete_pod(stack, name)
+
+
 def place(stack, case: str, gpus: int, **spec: Any) -> str:
     name = unique("pod")
     manifest = pod_manifest(name, gpus, case=case)
@@ -52,12 +73,13 @@ def place(stack, case: str, gpus: int, **spec: Any) -> str:
     return name
 
 
-def test_one_call_a_pod_and_kube_scheduler_binds_the_pick(stack):
+def test_one_call_a_pod_and_kube_scheduler_binds_the_pick(stack, made):
     case = "pick"
     roomy = gpu_node(stack, case, 8)
     tight = gpu_node(stack, case, 2)
-    bind_pod(stack, roomy, 2)
+    made.append(bind_pod(stack, roomy, 2))
     pod = place(stack, case, 2)
+    made.append(pod)
     assert wait_bound(stack, pod) == tight
     lines = lines_until(stack, pod, lambda ls: any(x["msg"] == "filter" for x in ls))
     verbs = [line["msg"] for line in lines]
@@ -67,11 +89,11 @@ def test_one_call_a_pod_and_kube_scheduler_binds_the_pick(stack):
     assert picked["passed"] == 2  # both fit; the answer held one
 
 
-def test_a_pod_with_a_preference_is_weighed_by_kube_scheduler(stack):
+def test_a_pod_with_a_preference_is_weighed_by_kube_scheduler(stack, made):
     case = "prefer"
     roomy = gpu_node(stack, case, 8)
     gpu_node(stack, case, 2)
-    bind_pod(stack, roomy, 2)
+    made.append(bind_pod(stack, roomy, 2))
     preferred = {
         "nodeAffinity": {
             "preferredDuringSchedulingIgnoredDuringExecution": [
@@ -87,23 +109,26 @@ def test_a_pod_with_a_preference_is_weighed_by_kube_scheduler(stack):
         }
     }
     pod = place(stack, case, 2, affinity=preferred)
+    made.append(pod)
     wait_bound(stack, pod)
     lines = lines_until(stack, pod, lambda ls: any(x["msg"] == "prioritize" for x in ls))
-    (filtered,) = [line for line in lines if line["msg"] == "filter"]
-    assert filtered["picker"] == "kube-scheduler"
-    assert filtered["preference"] == "preferred node affinity"
-    assert "chose" not in filtered
+    # filter passed both (its line told on prioritize's, which says who picked, why)
+    assert not any(line.get("chose") for line in lines)
+    (scored,) = [line for line in lines if line["msg"] == "prioritize"]
+    assert scored["picker"] == "kube-scheduler"
+    assert scored["preference"] == "preferred node affinity"
 
 
-def test_a_node_marked_for_removal_is_passed_over(stack):
+def test_a_node_marked_for_removal_is_passed_over(stack, made):
     case = "soft-taint"
     roomy = gpu_node(stack, case, 8)
     tight = gpu_node(stack, case, 2)  # binpack's choice, but Cluster Autoscaler's too
-    bind_pod(stack, roomy, 2)
+    made.append(bind_pod(stack, roomy, 2))
     core(stack).patch_node(tight, {"spec": {"taints": [*GPU_TAINT, CA_TAINT]}})
     # The extender's node watch delivers the patch in milliseconds; the pod below
     # reaches kube-scheduler through its own watch, and then the queue.
     time.sleep(1)
     pod = place(stack, case, 2)
+    made.append(pod)
     assert wait_bound(stack, pod) == roomy
     wait_event(stack, pod, "PreferNoSchedule taint the pod does not tolerate")

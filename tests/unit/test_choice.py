@@ -205,16 +205,22 @@ def test_the_filter_answers_the_node_prioritize_would_rank_first(cluster):
     assert d.picked and d.top[0].node == "a" and d.candidates == 3
 
 
-def test_a_pod_with_preferences_gets_every_node_that_fits_and_prioritize(cluster):
+def test_a_pod_with_preferences_gets_every_node_that_fits_and_prioritize(cluster, caplog):
     client, _, _ = cluster
     pod = make_pod("p", 2)
     pod["spec"] |= affinity("nodeAffinity", PREFERRED, TERM)
     before = picks(SCHEDULER)
-    body = post(client, "filter", pod, ["c", "b", "a", "full"])
-    assert body["NodeNames"] == ["c", "b", "a"]
+    with caplog.at_level("INFO", logger="extender"):
+        body = post(client, "filter", pod, ["c", "b", "a"])
+        assert body["NodeNames"] == ["c", "b", "a"]
+        answer = post(client, "prioritize", pod, ["c", "b", "a"])
     assert picks(SCHEDULER) == before + 1
-    scores = {h["Host"]: h["Score"] for h in post(client, "prioritize", pod, ["c", "b", "a"])}
+    scores = {h["Host"]: h["Score"] for h in answer}
     assert scores["a"] == max(scores.values())
+    # one line for the pod: prioritize's, which says who picked and why
+    (line,) = [r for r in caplog.records if r.levelname == "INFO"]
+    assert line.getMessage() == "prioritize" and line.picker == SCHEDULER
+    assert line.preference == "preferred node affinity"
 
 
 def test_with_filter_chooses_off_every_node_that_fits_goes_back(cluster):
