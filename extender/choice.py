@@ -22,7 +22,8 @@ What kube-scheduler's scoring would have added, and how the pick keeps it:
   memory (kube-scheduler's MostAllocated in deploy/'s profile), then kube-scheduler's
   own order of the candidates. Image locality and BalancedAllocation, which only
   broke ties before (their 0..100 against the extender's 100 a point), are not
-  weighed.
+  weighed, nor is other pods' preferred affinity toward this one (their required
+  terms are kube-scheduler's filters, which came first).
 
 Only in cluster mode: in args mode the extender sees no pods, so its binpack is off
 and kube-scheduler's MostAllocated, which sees them, must choose.
