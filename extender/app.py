@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import orjson
 from flask import Flask
 
@@ -28,9 +27,9 @@ from extender.config import ExtenderConfig, load_config
 from extender.endpoints import Call, Endpoints, Then, VerbGuard
 from extender.engine import (
     FilterOutcome,
+    candidate_scores,
     candidates_of,
     filter_nodes,
-    rounded,
     score_array,
     weighted_means,
 )
@@ -167,11 +166,8 @@ class Decider:
     def _pick(self, req: Call, passed: list[str], details: dict[str, Any]) -> tuple[str, Then]:
         """The node filter answers alone (extender/choice.py), and what is left to do
         once the answer is written: remember the decision its Event explains."""
-        # every candidate passed (usual: kube-scheduler's own filters came first):
-        # filter's rows are these, in this order
-        every = len(passed) == len(req.args.names)
-        nodes = req.nodes if every else req.view.candidates(passed)
-        call = Call(wire.ExtenderArgs(req.args.pod, None, passed), req.pod, req.view, nodes)
+        call = self._passed(req, passed)
+        nodes = call.nodes
         uid, explain = self._explaining(call)
         parts: dict[str, Sequence[float]] | None = {} if explain else None
         means = weighted_means(req.pod, nodes, req.view, self.policies, self.cfg, parts)
@@ -187,15 +183,21 @@ class Decider:
             if parts is None:
                 explainer.unexplained()
                 return False
-            scores = np.zeros(len(passed), dtype=np.int64)
-            if means is not None and nodes.where is None:
-                scores[:] = rounded(means)
-            elif means is not None:
-                scores[nodes.where] = rounded(means)
-            explainer.remember(self._decision(call, uid, scores, parts, first=at))
+            scores = candidate_scores(nodes, means)
+            avoided = choice.avoided(req.pod, nodes, at)
+            explainer.remember(self._decision(call, uid, scores, parts, first=at, avoided=avoided))
             return False  # filter's line is the pod's one line
 
         return passed[at], then
+
+    @staticmethod
+    def _passed(req: Call, passed: list[str]) -> Call:
+        """The call for the names filter passed (what prioritize is asked, or what a
+        filter that picks ranks): where every candidate passed (usual:
+        kube-scheduler's own filters came first), filter's rows, in this order."""
+        every = len(passed) == len(req.args.names)
+        nodes = req.nodes if every else req.view.candidates(passed)
+        return Call(wire.ExtenderArgs(req.args.pod, None, passed), req.pod, req.view, nodes)
 
     def _recheck(self, req: Call, outcome: FilterOutcome) -> tuple[Call, FilterOutcome, int]:
         """kube-scheduler may be retrying the pod on an event the watch has not yet
@@ -238,12 +240,8 @@ class Decider:
         entry = self.prepared.begin(req.pod, passed, req.view.version)
         answer, told_on = None, False
         try:
-            args = wire.ExtenderArgs(req.args.pod, None, passed)
-            # every candidate passed (usual: kube-scheduler's own filters came first):
-            # filter's rows are these, in this order
             every = len(passed) == len(req.args.names)
-            nodes = req.nodes if every else req.view.candidates(passed)
-            answer = self._score(Call(args, req.pod, req.view, nodes))
+            answer = self._score(self._passed(req, passed))
             # prioritize's log line says what the preparation took, off its path
             answer[1]["prepared_ms"] = round((time.perf_counter() - started) * 1000, 3)
             if every and filter_s is not None:
@@ -292,9 +290,10 @@ class Decider:
         self,
         req: Call,
         uid: str,
-        scores: np.ndarray,
+        scores: Sequence[int],
         parts: dict[str, Sequence[float]],
         first: int | None = None,
+        avoided: Callable[[int], bool] | None = None,
     ) -> Decision:
         return decision(
             req.pod.namespace,
@@ -308,6 +307,7 @@ class Decider:
             health=lambda i: _health(req.nodes.at(i)),
             note=self._group_note(req),
             first=first,
+            avoided=avoided,
         )
 
     def _score(self, req: Call) -> tuple[bytes, dict[str, Any], Decision | None]:

@@ -16,20 +16,26 @@ What kube-scheduler's scoring would have added, and how the pick keeps it:
   kube-scheduler weighs them with ours through prioritize, as without this option.
 - **PreferNoSchedule taints** (Cluster Autoscaler marks the nodes it means to remove
   with one): a node with taints the pod does not tolerate is picked only when every
-  node that fits has as many; fewer intolerable taints come first.
+  node that fits has as many; fewer intolerable taints come first. That is stricter
+  than kube-scheduler, whose TaintToleration score (weight 3) was worth about three
+  of the extender's score steps.
 - **Ties** on the extender's score are broken by its unrounded score (a finer ranking
   than the 0..10 integers kube-scheduler is sent), then by the least free CPU, then
-  memory (kube-scheduler's MostAllocated in deploy/'s profile), then kube-scheduler's
-  own order of the candidates. Image locality and BalancedAllocation, which only
-  broke ties before (their 0..100 against the extender's 100 a point), are not
-  weighed, nor is other pods' preferred affinity toward this one (their required
-  terms are kube-scheduler's filters, which came first).
+  memory, in absolute amounts left by the GPU pods the cache counts (after the spirit
+  of MostAllocated in deploy/'s profile, which takes shares of allocatable and every
+  pod), then kube-scheduler's own order of the candidates. Image locality and
+  BalancedAllocation, which only broke ties before (their 0..100 against the
+  extender's 100 a point), are not weighed, nor is other pods' preferred affinity
+  toward this one (their required terms are kube-scheduler's filters, which came
+  first).
 
 Only in cluster mode: in args mode the extender sees no pods, so its binpack is off
 and kube-scheduler's MostAllocated, which sees them, must choose.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -42,6 +48,27 @@ EXTENDER = "extender"
 SCHEDULER = "kube-scheduler"
 
 
+def _intolerable(pod: PodFacts, batch: Candidates) -> np.ndarray | None:
+    """Each known candidate's soft taints the pod does not tolerate (None: no
+    candidate has any soft taint, the usual case: one vector test)."""
+    tainted = np.flatnonzero(batch.cols[SOFT])
+    if not len(tainted):
+        return None
+    counts = np.zeros(batch.known, dtype=np.int64)
+    for j in tainted.tolist():
+        counts[j] = intolerable(pod.soft_tolerations, batch.facts(j).soft_taints)
+    return counts
+
+
+def avoided(pod: PodFacts, batch: Candidates, chosen: int) -> Callable[[int], bool]:
+    """For the Event: whether candidate ``i`` (a position among all) was passed over
+    for soft taints the pod does not tolerate, beside ``chosen`` (a position too)."""
+    counts = _intolerable(pod, batch)
+    if counts is None or batch.where is not None:  # picked ones are all known
+        return lambda i: False
+    return lambda i: bool(counts[i] > counts[chosen])
+
+
 def pick(pod: PodFacts, batch: Candidates, means: np.ndarray | None) -> int:
     """The position among ``batch``'s known candidates of the node to answer.
 
@@ -52,12 +79,8 @@ def pick(pod: PodFacts, batch: Candidates, means: np.ndarray | None) -> int:
     keys: list[np.ndarray] = [np.arange(known), cols[RAM], cols[CPU]]
     if means is not None:
         keys.append(-means)
-    tainted = np.flatnonzero(cols[SOFT])
-    if len(tainted):
-        counts = np.zeros(known, dtype=np.int64)
-        tolerations = pod.soft_tolerations
-        for j in tainted.tolist():
-            counts[j] = intolerable(tolerations, batch.facts(j).soft_taints)
+    counts = _intolerable(pod, batch)
+    if counts is not None:
         keys.append(counts)
     # lexsort: the last key is the primary one
     return int(np.lexsort(keys)[0])

@@ -125,13 +125,19 @@ def score_array(
         batch = candidates_of(names, nodes, view)
     if batch.known == 0:
         return np.zeros(count, dtype=np.int64)
-    means = weighted_means(pod, batch, view, policies, cfg, parts)
+    return candidate_scores(batch, weighted_means(pod, batch, view, policies, cfg, parts))
+
+
+def candidate_scores(batch: Candidates, means: np.ndarray | None) -> np.ndarray:
+    """The 0..10 scores of all of ``batch``'s candidates from its known ones'
+    weighted means (:func:`weighted_means`; None: no policy scored, all 0), 0 for the
+    unknown."""
     if means is None:
-        return np.zeros(count, dtype=np.int64)
+        return np.zeros(batch.count, dtype=np.int64)
     scores = rounded(means)
     if batch.where is None:
         return scores
-    out = np.zeros(count, dtype=np.int64)
+    out = np.zeros(batch.count, dtype=np.int64)
     out[batch.where] = scores
     return out
 

@@ -57,6 +57,8 @@ class Candidate:
     health: tuple[int, int] | None = None
     #: What drew a placement group's pod here (the topology level); else None
     note: str | None = None
+    #: Passed over by a filter that picks, for soft taints the pod does not tolerate
+    avoided: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +91,14 @@ def decision(
     health: Callable[[int], tuple[int, int] | None] | None = None,
     note: Callable[[int], str | None] | None = None,
     first: int | None = None,
+    avoided: Callable[[int], bool] | None = None,
 ) -> Decision:
-    """What one prioritize call decided: the ``keep`` best candidates (:func:`best`),
-    each with every scoring policy's 0..10 part, ``health(position)`` of each: its
-    healthy and advertised GPUs where some are unhealthy, and ``note(position)``: what
-    drew its placement group there. ``first``: the position of the node the extender
-    picked itself (a filter that picks), kept first."""
+    """What one scoring decided (a prioritize call, or a filter that picked): the
+    ``keep`` best candidates (:func:`best`), each with every scoring policy's 0..10
+    part, ``health(position)`` of each: its healthy and advertised GPUs where some are
+    unhealthy, ``note(position)``: what drew its placement group there, and
+    ``avoided(position)``: passed over for soft taints. ``first``: the position of the
+    node the extender picked itself (a filter that picks), kept first."""
     order = best(names, scores, keep)
     if first is not None:
         order = [first, *(i for i in order if i != first)][: max(keep, 1)]
@@ -111,6 +115,7 @@ def decision(
             tuple((policy, got[k]) for policy, got in picked),
             health(i) if health is not None else None,
             note(i) if note is not None else None,
+            avoided(i) if avoided is not None else False,
         )
         for k, i in enumerate(order)
     )
@@ -175,7 +180,7 @@ def explain(d: Decision, chosen: str) -> str:
             text += f" (the extender's best: {best.node}, score {best.score}: {_parts(best)})"
         return clip(text, MAX_MESSAGE - 64)
     node = d.top[rank]
-    if not node.parts:  # the one node the filter left
+    if not node.parts and not d.picked:  # the one node the filter left
         if d.candidates == 1:
             return clip(f"{head}: the only node kube-scheduler's own filters left", 960)
         text = f"{head}: the only one of {d.candidates} candidates that fits"
@@ -206,7 +211,7 @@ def explain(d: Decision, chosen: str) -> str:
         reverse=True,
     )
     why = ", ".join(f"{p} {v:.0f} against {mine[p]:.0f}" for _, p, v in lost)
-    if runner.score > node.score and d.picked:
+    if runner.avoided:
         text += (
             f". {runner.node} scored {runner.score}, but has a PreferNoSchedule taint "
             "the pod does not tolerate"

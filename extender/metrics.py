@@ -28,12 +28,14 @@ LATENCY = Histogram(
 )
 NODES = Counter(
     "gpu_scheduler_extender_filter_nodes_total",
-    "Candidate nodes by filter outcome",
+    "Candidate nodes by filter outcome (passed: every node that fits, also where the "
+    "filter then answered the one it picked)",
     ["outcome"],
 )
 FILTER_PICKS = Counter(
     "gpu_scheduler_extender_filter_picks_total",
-    "Filter calls that left more than one node, by who picks among them (extender: "
+    "Filter calls in cluster mode that left more than one node, by who picks among them "
+    "(extender: "
     "it answered the one node it ranks first, so kube-scheduler skips its scoring and "
     "prioritize; kube-scheduler: every node went back, as the pod asks for preferences "
     "to be weighed or filterChooses is off)",

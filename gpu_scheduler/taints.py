@@ -7,9 +7,11 @@ nodes it means to remove, so that new pods land elsewhere and the node can drain
 extender reads both sides wherever it picks a node itself (extender/choice.py).
 
 Matching follows ``Toleration.ToleratesTaint`` (k8s.io/api/core/v1): an effect, when
-given, must equal the taint's; a key, when given, must equal it (an empty key needs
-``Exists``); ``Equal`` (the default) compares values; ``Exists`` matches any value.
-An operator it does not know tolerates nothing, so such a taint is still avoided.
+given, must equal the taint's; a key, when given, must equal it (an empty key matches
+every key; the API server admits it only with ``Exists``); ``Equal`` (the default)
+compares values; ``Exists`` matches any value. An operator it does not know
+tolerates nothing, so such a taint is still avoided. Past :data:`MAX_ENTRIES`
+entries of a list (of any effect) nothing more is read.
 """
 
 from __future__ import annotations

@@ -230,6 +230,13 @@ def test_with_filter_chooses_off_every_node_that_fits_goes_back(cluster):
     assert body["NodeNames"] == ["c", "b", "a"]
 
 
+def remembering_app(cache):
+    remembered: list = []
+    explainer = Explainer(lambda b: None)
+    explainer.remember = remembered.append  # type: ignore[method-assign]
+    return create_app(node_source="cluster", cache=cache, explainer=explainer), remembered
+
+
 def test_a_soft_tainted_node_is_passed_over_unless_tolerated():
     tainted = make_node("a", 8)
     tainted["spec"] = {"taints": [CA_TAINT]}
@@ -239,11 +246,47 @@ def test_a_soft_tainted_node_is_passed_over_unless_tolerated():
         clock=lambda: 1_800_000_000.0,
     )
     try:
-        client = create_app(node_source="cluster", cache=cache).test_client()
+        app, remembered = remembering_app(cache)
+        client = app.test_client()
         assert post(client, "filter", make_pod("p", 1), ["a", "b"])["NodeNames"] == ["b"]
+        (d,) = remembered
+        assert [c.node for c in d.top] == ["b", "a"] and d.top[1].avoided
+        assert "PreferNoSchedule taint the pod does not tolerate" in explain(d, "b")
         tolerant = make_pod("q", 1)
         tolerant["spec"]["tolerations"] = [{"operator": "Exists"}]
         assert post(client, "filter", tolerant, ["a", "b"])["NodeNames"] == ["a"]
+        assert not remembered[-1].top[1].avoided
+    finally:
+        cache.stop()
+
+
+def test_a_tie_lost_to_a_soft_taint_says_so():
+    tainted = make_node("a", 8)
+    tainted["spec"] = {"taints": [CA_TAINT]}
+    cache = synced_cache([tainted, make_node("b", 8)], [], clock=lambda: 1_800_000_000.0)
+    try:
+        app, remembered = remembering_app(cache)
+        assert post(app.test_client(), "filter", make_pod("p", 1), ["a", "b"])["NodeNames"] == ["b"]
+        (d,) = remembered
+        assert d.top[0].score == d.top[1].score  # alike but for the taint
+        message = explain(d, "b")
+        assert "PreferNoSchedule taint" in message and "broke the tie" not in message
+    finally:
+        cache.stop()
+
+
+def test_a_pick_with_no_scoring_policy_is_not_told_as_the_only_fit():
+    every = ["gpu", "spot", "group", "scarcity", "fragmentation"]
+    cache = synced_cache([make_node("a", 8), make_node("b", 8)], [], clock=lambda: 1.8e9)
+    try:
+        remembered: list = []
+        explainer = Explainer(lambda b: None)
+        explainer.remember = remembered.append  # type: ignore[method-assign]
+        cfg = ExtenderConfig(disabled=frozenset(every))
+        app = create_app(cfg, node_source="cluster", cache=cache, explainer=explainer)
+        assert post(app.test_client(), "filter", make_pod("p", 1), ["a", "b"])["NodeNames"] == ["a"]
+        message = explain(remembered[0], "a")
+        assert "the only one" not in message and "rank 1 of 2" in message, message
     finally:
         cache.stop()
 
@@ -264,7 +307,8 @@ def test_the_event_says_the_extender_broke_the_tie():
     top = (Candidate("a", 9, (("gpu", 10.0),)), Candidate("b", 9, (("gpu", 9.0),)))
     d = Decision("ns", "p", "u", 1, 2, top, (("gpu", 5),), picked=True)
     assert "(the extender broke the tie)" in explain(d, "a")
-    tainted = (Candidate("a", 6, (("gpu", 6.0),)), Candidate("b", 9, (("gpu", 9.0),)))
+    runner = Candidate("b", 9, (("gpu", 9.0),), avoided=True)
+    tainted = (Candidate("a", 6, (("gpu", 6.0),)), runner)
     d = Decision("ns", "p", "u", 1, 2, tainted, (("gpu", 5),), picked=True)
     assert "PreferNoSchedule taint the pod does not tolerate" in explain(d, "a")
 
