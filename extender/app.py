@@ -148,11 +148,8 @@ class Decider:
             return _dump_filter_result(req.args, answer), details, then
         body = _dump_filter_result(req.args, outcome)
         # (a filter that read its candidates again keeps its own line: that is news)
-        return (
-            body,
-            details,
-            lambda s: self.prepare(req, outcome.passed, s, details) and not (rechecked),
-        )
+        told_on = not rechecked
+        return body, details, lambda s: self.prepare(req, outcome.passed, s, details) and told_on
 
     def _picker(self, req: Call, passed: list[str]) -> str | None:
         """Who picks among the nodes that fit (extender/choice.py); None where there is

@@ -74,9 +74,9 @@ def pick(pod: PodFacts, batch: Candidates, means: np.ndarray | None) -> int:
 
     ``means``: the known candidates' unrounded scores (engine.weighted_means; None:
     no policy scores this pod, so all tie). Pure: the ranking described above."""
-    known = batch.known
     cols = batch.cols
-    keys: list[np.ndarray] = [np.arange(known), cols[RAM], cols[CPU]]
+    # lexsort is stable: what ties on every key keeps kube-scheduler's order
+    keys: list[np.ndarray] = [cols[RAM], cols[CPU]]
     if means is not None:
         keys.append(-means)
     counts = _intolerable(pod, batch)

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_scheduler.fields import FieldError, expect_object, list_at, string_at
+from gpu_scheduler.fields import FieldError, expect_object, is_integer, list_at, string_at
 
 PREFER_NO_SCHEDULE = "PreferNoSchedule"
 #: A soft taint as the extender keeps it: (key, value).
@@ -63,23 +63,42 @@ def _soft_taints(spec: Mapping[str, Any]) -> tuple[SoftTaint, ...]:
     return tuple(out)
 
 
+#: A toleration in its JSON form, read with the API's defaults: (key, operator, value,
+#: effect, tolerationSeconds).
+Toleration = tuple[str, str, str, str, int | None]
+_DEFAULTS = (("key", ""), ("operator", "Equal"), ("value", ""), ("effect", ""))
+
+
+def toleration(t: Any) -> Toleration | None:
+    """A toleration with the API's defaults for what is absent, null or empty (empty
+    key, ``Equal``, empty value, empty effect = every effect, no tolerationSeconds);
+    None where it is not an object or a field has the wrong type."""
+    if not isinstance(t, Mapping):
+        return None
+    fields: list[str] = []
+    for name, default in _DEFAULTS:
+        value = t.get(name)
+        if value is not None and not isinstance(value, str):
+            return None
+        fields.append(value or default)
+    seconds = t.get("tolerationSeconds")
+    if seconds is not None and not is_integer(seconds):
+        return None
+    key, operator, value, effect = fields
+    return key, operator, value, effect, seconds
+
+
 def pod_soft_tolerations(spec: Mapping[str, Any]) -> tuple[SoftToleration, ...]:
     """A Pod spec's tolerations that can match a ``PreferNoSchedule`` taint. Raises
     :class:`FieldError` for a field of the wrong type."""
     out: list[SoftToleration] = []
-    for i, toleration in enumerate(list_at(spec, "tolerations", "spec.tolerations")[:MAX_ENTRIES]):
-        path = f"spec.tolerations[{i}]"
-        toleration = expect_object(toleration, path)
-        effect = string_at(toleration, "effect", f"{path}.effect") or ""
-        if effect not in ("", PREFER_NO_SCHEDULE):
-            continue
-        out.append(
-            (
-                string_at(toleration, "key", f"{path}.key") or "",
-                string_at(toleration, "operator", f"{path}.operator") or "Equal",
-                string_at(toleration, "value", f"{path}.value") or "",
-            )
-        )
+    for i, given in enumerate(list_at(spec, "tolerations", "spec.tolerations")[:MAX_ENTRIES]):
+        read = toleration(given)
+        if read is None:
+            raise FieldError(f"spec.tolerations[{i}]", "is not a toleration")
+        key, operator, value, effect, _ = read
+        if effect in ("", PREFER_NO_SCHEDULE):
+            out.append((key, operator, value))
     return tuple(out)
 
 

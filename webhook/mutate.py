@@ -47,6 +47,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_scheduler import taints
 from gpu_scheduler.constraints import hard_constraints
 from gpu_scheduler.contract import (
     ANN_GROUP,
@@ -294,8 +295,8 @@ def covers(have: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     ``Equal``, empty value, empty effect = every effect, no tolerationSeconds).
     A field of the wrong type makes ``have`` cover nothing.
     """
-    h = _normal(have)
-    w = _normal(wanted)
+    h = taints.toleration(have)
+    w = taints.toleration(wanted)
     if h is None or w is None:
         return False
     h_key, h_op, h_value, h_effect, h_seconds = h
@@ -324,19 +325,6 @@ def describe(t: Mapping[str, Any]) -> str:
     op = t.get("operator") or "Equal"
     value = f" {t.get('value', '')!s}" if op == "Equal" else ""
     return f"{key}:{effect} ({op}{value})"
-
-
-def _normal(t: Mapping[str, Any]) -> tuple[str, str, str, str, int | None] | None:
-    key = t.get("key") or ""
-    op = t.get("operator") or "Equal"
-    value = t.get("value") or ""
-    effect = t.get("effect") or ""
-    seconds = t.get("tolerationSeconds")
-    if not all(isinstance(x, str) for x in (key, op, value, effect)):
-        return None
-    if seconds is not None and not is_integer(seconds):
-        return None
-    return key, op, value, effect, seconds
 
 
 def _uninterpretable(reason: str) -> Decision:
