@@ -274,7 +274,7 @@ def _run_forever(
             NvmlEvents(nvml, agent.health, wake, stop).start()
     server = None
     if args.port:
-        from agent.server import start_ops_server
+        from gpu_scheduler.opsserver import start_ops_server
 
         server = start_ops_server(args.host, args.port, agent.ready, agent.alive)
     log.info(

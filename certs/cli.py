@@ -65,11 +65,49 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "form of a webhook's clientConfig.caBundle.",
     )
     bundle.add_argument("dir", metavar="DIR")
+    _configure_controller(sub)
+
+
+def _configure_controller(sub: argparse._SubParsersAction) -> None:
+    ctl = sub.add_parser(
+        "controller",
+        help="make and keep the install's certificates inside the cluster (a Deployment)",
+        description="Keep the Secrets gpu-scheduler-ca and gpu-scheduler-{webhook,extender,"
+        "scheduler}-tls in NAMESPACE: a private CA (never leaves the cluster), the leaves it "
+        "signs, renewed 30 days before they expire, the CA rolled over in three steps before "
+        "it does; the webhook's caBundle injected; kube-scheduler rolled when its pair "
+        "changes. /readyz is 200 once everything is in place.",
+    )
+    ctl.add_argument("--namespace", required=True, help="the install's namespace")
+    ctl.add_argument("--kubeconfig", help="default: in-cluster, else ~/.kube/config")
+    ctl.add_argument("--webhook-configuration", default="gpu-scheduler-webhook")
+    ctl.add_argument("--scheduler-deployment", default="gpu-scheduler")
+    ctl.add_argument("--interval", default="1h", help="between passes (default 1h)")
+    ctl.add_argument("--days", type=int, default=365, help="leaf validity (default 365)")
+    ctl.add_argument("--ca-days", type=int, default=3650, help="CA validity (default 3650)")
+    ctl.add_argument(
+        "--ca-renew-before",
+        default="8760h",
+        help="roll the CA over when it has less than this left (default 8760h, a year; "
+        "over 60 days)",
+    )
+    ctl.add_argument(
+        "--settle",
+        default="5m",
+        help="between rollover steps: every Secret volume has the new bundle by then (default 5m)",
+    )
+    ctl.add_argument("--once", action="store_true", help="one pass, then exit (non-zero: failed)")
+    ctl.add_argument("--host", default="0.0.0.0", help="ops server address")
+    ctl.add_argument(
+        "--port", type=int, default=8090, help="/healthz, /readyz, /metrics (default 8090; 0: none)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from certs import build, store
 
+    if args.certs_command == "controller":
+        return _run_controller(args)
     if args.certs_command == "ca-bundle":
         try:
             print(store.ca_bundle(args.dir))
@@ -108,4 +146,62 @@ def run(args: argparse.Namespace) -> int:
         **outcome.serving,
     }
     print(json.dumps(report))
+    return 0
+
+
+def _run_controller(args: argparse.Namespace) -> int:
+    import datetime as dt
+    import logging
+    import signal
+    import threading
+
+    from certs import controller, reconcile
+    from gpu_scheduler.durations import parse_duration
+    from gpu_scheduler.kube import api_client
+
+    try:
+        interval = parse_duration(args.interval)
+        settings = reconcile.Settings(
+            namespace=args.namespace,
+            leaf_days=args.days,
+            ca_days=args.ca_days,
+            ca_renew_before=dt.timedelta(seconds=parse_duration(args.ca_renew_before)),
+            settle=dt.timedelta(seconds=parse_duration(args.settle)),
+        )
+    except (ValueError, OverflowError) as exc:
+        return fail("certs controller", exc)
+    targets = controller.Targets(
+        namespace=args.namespace,
+        webhook_configuration=args.webhook_configuration,
+        scheduler_deployment=args.scheduler_deployment,
+    )
+    ctl = controller.Controller(api_client(args.kubeconfig), targets, settings)
+    if args.once:
+        delay = ctl.sync()
+        ok, detail = ctl.ready()
+        if not ok:
+            return fail("certs controller", detail, 1)
+        print(json.dumps({"ready": ok, "next_pass_s": delay}))
+        return 0
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server = None
+    if args.port:
+        from gpu_scheduler.opsserver import start_ops_server
+
+        server = start_ops_server(args.host, args.port, ctl.ready)
+    logging.getLogger("gpu_scheduler.certs").info(
+        "certificate controller started",
+        extra={"namespace": args.namespace, "interval_s": interval},
+    )
+    try:
+        ctl.run(stop, interval)
+    finally:
+        if server is not None:
+            server.shutdown()
     return 0

@@ -17,7 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "extender": ("extender.cli", "serve the kube-scheduler extender (filter/prioritize)"),
     "agent": ("agent.cli", "publish this node's GPUs as node labels and capacity (DaemonSet)"),
     "webhook": ("webhook.cli", "serve the mutating admission webhook over TLS"),
-    "certs": ("certs.cli", "generate the webhook's CA and serving certificate"),
+    "certs": ("certs.cli", "the install's certificates: generate them, or keep them in-cluster"),
     "status": ("extender.status", "print the cluster's GPU inventory as the extender sees it"),
     "explain": ("extender.explain_cli", "why a GPU pod landed on its node (or has not yet)"),
 }

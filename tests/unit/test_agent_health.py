@@ -16,9 +16,9 @@ from agent.health import HealthTracker
 from agent.inventory import InventoryError
 from agent.labels import desired_state
 from agent.loop import Agent, AgentConfig
-from agent.server import create_app
 from agent.xid import DEFAULT_IGNORED, XidPolicy, describe, parse_xids
 from gpu_scheduler import contract
+from gpu_scheduler.opsserver import create_app
 from tests.unit.test_agent_loop import FIXTURES, Clock
 
 

@@ -1,4 +1,5 @@
-"""``/healthz``, ``/readyz`` and ``/metrics`` for the agent, served from a thread."""
+"""``/healthz``, ``/readyz`` and ``/metrics`` served from a thread: the ops server of
+the agent and of the certificate controller."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ Check = Callable[[], tuple[bool, str]]
 
 
 def create_app(ready: Check, alive: Check | None = None) -> Flask:
-    app = Flask("gpu_scheduler.agent")
+    app = Flask("gpu_scheduler.ops")
     install_ops_endpoints(app, ready, alive)
     return app
 

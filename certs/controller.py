@@ -1,0 +1,251 @@
+"""``gpu-scheduler certs controller``: the install's certificates, made and kept inside
+the cluster (the chart's default, ``certificates.mode: internal``).
+
+Each pass reads the four Secrets (:mod:`certs.reconcile`), writes back those whose
+data changed (optimistic: a write that lost a race is redone next pass), puts the
+trust bundle into the MutatingWebhookConfiguration's caBundle, and restarts
+kube-scheduler's Deployment when its client pair or trust bundle changed after it
+started (kube-scheduler reads its extender TLS files only when it starts; the
+webhook and the extender reload theirs). It runs every ``interval`` (1 h), sooner
+while something is missing or a rollover step is due.
+
+What it may touch is what its Role and ClusterRole name: the four Secrets, the one
+Deployment and the one MutatingWebhookConfiguration (``create`` on Secrets cannot be
+limited by name in RBAC; see docs/SECURITY.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from certs import reconcile
+from gpu_scheduler import certinfo
+
+log = logging.getLogger("gpu_scheduler.certs")
+TIMEOUT = (5, 30)
+#: On kube-scheduler's pod template: the pair its pods were started with. A change
+#: rolls them (kubectl rollout restart's way), and a restart that failed is redone.
+FINGERPRINT = "gpu-scheduler.io/client-pair-sha256"
+RETRY_S = 5.0
+#: Webhooks merge by name, pod template annotations by key: nothing else is touched.
+STRATEGIC = "application/strategic-merge-patch+json"
+
+SYNCS = Counter(
+    "gpu_scheduler_certs_syncs_total",
+    "Certificate controller passes by result (ok, waiting: the webhook configuration "
+    "is not there yet, error)",
+    ["result"],
+)
+WRITES = Counter(
+    "gpu_scheduler_certs_writes_total",
+    "Writes by object (secret, webhook_ca_bundle, scheduler_restart)",
+    ["object"],
+)
+NOT_AFTER = Gauge(
+    "gpu_scheduler_certs_not_after_timestamp_seconds",
+    "When each certificate stops being valid (Unix time), by Secret; alert when it is "
+    "within 20 days: the controller renews at 30",
+    ["secret"],
+)
+
+
+@dataclass(frozen=True)
+class Targets:
+    namespace: str
+    webhook_configuration: str = "gpu-scheduler-webhook"
+    webhook_service: str = "gpu-scheduler-webhook"
+    scheduler_deployment: str = "gpu-scheduler"
+
+
+class Controller:
+    def __init__(self, api: Any, targets: Targets, settings: reconcile.Settings) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.admission = client.AdmissionregistrationV1Api(api)
+        self.targets = targets
+        self.settings = settings
+        self.synced = threading.Event()
+        self.problem = "no pass yet"
+
+    def ready(self) -> tuple[bool, str]:
+        return (True, "certificates in place") if self.synced.is_set() else (False, self.problem)
+
+    def sync(self, now: dt.datetime | None = None) -> float | None:
+        """One pass; returns how soon (seconds) the next one should come, or None for
+        the regular interval."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            current, versions, step_at = self._read()
+            outcome = reconcile.reconcile(current, step_at, self.settings, now)
+            for name in outcome.changed:
+                self._write(name, outcome, versions.get(name))
+            self._publish_metrics(outcome)
+            injected = self._inject_ca_bundle(outcome.bundle)
+            self._roll_scheduler(_fingerprint(outcome.secrets[reconcile.SCHEDULER_SECRET]))
+        except ApiException as exc:
+            self.problem = f"API error {exc.status}: {exc.reason}"
+            log.warning("certificate pass failed", extra={"error": self.problem})
+            SYNCS.labels("error").inc()
+            return RETRY_S
+        for action in outcome.actions:
+            log.info("certificates: %s", action)
+        if not injected:
+            self.problem = (
+                f"MutatingWebhookConfiguration {self.targets.webhook_configuration} not found"
+            )
+            SYNCS.labels("waiting").inc()
+            return RETRY_S
+        self.problem = ""
+        self.synced.set()
+        SYNCS.labels("ok").inc()
+        if outcome.next_step_at is not None:
+            return max(1.0, (outcome.next_step_at - _now(now)).total_seconds())
+        return None
+
+    def _read(self) -> tuple[dict[str, dict[str, bytes]], dict[str, str], str | None]:
+        from kubernetes.client.exceptions import ApiException
+
+        current: dict[str, dict[str, bytes]] = {}
+        versions: dict[str, str] = {}
+        step_at = None
+        for name in (reconcile.CA_SECRET, *reconcile.LEAVES):
+            try:
+                secret = self.core.read_namespaced_secret(
+                    name, self.targets.namespace, _request_timeout=TIMEOUT
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                continue
+            current[name] = {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+            versions[name] = secret.metadata.resource_version
+            if name == reconcile.CA_SECRET:
+                step_at = (secret.metadata.annotations or {}).get(reconcile.STEP_ANNOTATION)
+        return current, versions, step_at
+
+    def _write(self, name: str, outcome: reconcile.Outcome, version: str | None) -> None:
+        from kubernetes import client
+
+        is_ca = name == reconcile.CA_SECRET
+        annotations = (
+            {reconcile.STEP_ANNOTATION: outcome.step_at} if is_ca and outcome.step_at else None
+        )
+        body = client.V1Secret(
+            metadata=client.V1ObjectMeta(
+                name=name,
+                namespace=self.targets.namespace,
+                resource_version=version,
+                annotations=annotations,
+                labels={"app.kubernetes.io/part-of": "gpu-scheduler"},
+            ),
+            type="Opaque" if is_ca else "kubernetes.io/tls",
+            data={k: base64.b64encode(v).decode() for k, v in outcome.secrets[name].items()},
+        )
+        if version is None:
+            self.core.create_namespaced_secret(
+                self.targets.namespace, body, _request_timeout=TIMEOUT
+            )
+        else:
+            self.core.replace_namespaced_secret(
+                name, self.targets.namespace, body, _request_timeout=TIMEOUT
+            )
+        WRITES.labels("secret").inc()
+        log.info("certificates: wrote Secret %s", name)
+
+    def _inject_ca_bundle(self, bundle: bytes) -> bool:
+        """Our webhooks' caBundle is the trust bundle; False while the configuration
+        does not exist (kubectl applies it after the Deployments)."""
+        from kubernetes.client.exceptions import ApiException
+
+        encoded = base64.b64encode(bundle).decode()
+        try:
+            config = self.admission.read_mutating_webhook_configuration(
+                self.targets.webhook_configuration, _request_timeout=TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        stale = [
+            {"name": hook.name, "clientConfig": {"caBundle": encoded}}
+            for hook in config.webhooks or []
+            if hook.client_config.service is not None
+            and hook.client_config.service.name == self.targets.webhook_service
+            and hook.client_config.service.namespace == self.targets.namespace
+            and hook.client_config.ca_bundle != encoded
+        ]
+        if stale:
+            self.admission.patch_mutating_webhook_configuration(
+                self.targets.webhook_configuration,
+                {
+                    "metadata": {"resourceVersion": config.metadata.resource_version},
+                    "webhooks": stale,
+                },
+                _request_timeout=TIMEOUT,
+                _content_type=STRATEGIC,
+            )
+            WRITES.labels("webhook_ca_bundle").inc()
+            log.info("certificates: caBundle of %s updated", self.targets.webhook_configuration)
+        return True
+
+    def _roll_scheduler(self, fingerprint: str) -> None:
+        """kube-scheduler's pods run with this pair, or are rolled to it."""
+        from kubernetes.client.exceptions import ApiException
+
+        name, namespace = self.targets.scheduler_deployment, self.targets.namespace
+        try:
+            deployment = self.apps.read_namespaced_deployment(
+                name, namespace, _request_timeout=TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return  # not installed here: it reads the pair when it comes
+            raise
+        annotations = deployment.spec.template.metadata.annotations or {}
+        if annotations.get(FINGERPRINT) == fingerprint:
+            return
+        patch = {"spec": {"template": {"metadata": {"annotations": {FINGERPRINT: fingerprint}}}}}
+        self.apps.patch_namespaced_deployment(
+            name, namespace, patch, _request_timeout=TIMEOUT, _content_type=STRATEGIC
+        )
+        WRITES.labels("scheduler_restart").inc()
+        log.info("certificates: %s rolled to its client pair %s", name, fingerprint[:12])
+
+    def _publish_metrics(self, outcome: reconcile.Outcome) -> None:
+        for name, data in outcome.secrets.items():
+            key = "ca.crt" if name == reconcile.CA_SECRET else "tls.crt"
+            if key in data:
+                cert = certinfo.load_cert(data[key])
+                NOT_AFTER.labels(name).set(cert.not_valid_after_utc.timestamp())
+
+    def run(self, stop: threading.Event, interval_s: float) -> None:
+        while not stop.is_set():
+            try:
+                delay = self.sync()
+            except Exception:  # a bug of ours: log it, keep the loop, try again soon
+                log.exception("certificate pass failed unexpectedly")
+                SYNCS.labels("error").inc()
+                delay = RETRY_S * 6
+            stop.wait(interval_s if delay is None else min(delay, interval_s))
+
+
+def _fingerprint(data: dict[str, bytes]) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(data):
+        digest.update(key.encode() + b"\0" + data[key] + b"\0")
+    return digest.hexdigest()
+
+
+def _now(now: dt.datetime | None) -> dt.datetime:
+    return now or dt.datetime.now(dt.UTC)

@@ -1,0 +1,156 @@
+"""The in-cluster certificate controller's decisions (certs.reconcile): what the four
+Secrets hold after a pass, from nothing, when good, when stale or garbage, and through
+a CA rollover in which no reader ever meets a certificate it does not trust."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from cryptography import x509
+
+from certs import build, reconcile
+from gpu_scheduler import certinfo
+
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+SETTINGS = reconcile.Settings(namespace="gpu-scheduler", settle=dt.timedelta(minutes=5))
+LEAVES = list(reconcile.LEAVES)
+
+
+def certs_in(bundle: bytes) -> list[x509.Certificate]:
+    return x509.load_pem_x509_certificates(bundle)
+
+
+def trusted(leaf: bytes, bundle: bytes) -> bool:
+    cert = certinfo.load_cert(leaf)
+    return any(cert.issuer == ca.subject and build.signed_by(cert, ca) for ca in certs_in(bundle))
+
+
+def fresh(now: dt.datetime = NOW) -> reconcile.Outcome:
+    return reconcile.reconcile({}, None, SETTINGS, now)
+
+
+def test_from_nothing_a_ca_and_three_leaves_it_signs():
+    out = fresh()
+    assert sorted(out.changed) == sorted([reconcile.CA_SECRET, *LEAVES])
+    ca = out.secrets[reconcile.CA_SECRET]
+    assert set(ca) == {"ca.crt", "ca.key"}
+    assert out.bundle == ca["ca.crt"]
+    for name in LEAVES:
+        leaf = out.secrets[name]
+        assert set(leaf) == {"tls.crt", "tls.key", "ca.crt"}
+        assert leaf["ca.crt"] == out.bundle and trusted(leaf["tls.crt"], out.bundle)
+    webhook = certinfo.load_cert(out.secrets["gpu-scheduler-webhook-tls"]["tls.crt"])
+    names = webhook.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "gpu-scheduler-webhook.gpu-scheduler.svc" in names.get_values_for_type(x509.DNSName)
+    scheduler = certinfo.load_cert(out.secrets["gpu-scheduler-scheduler-tls"]["tls.crt"])
+    assert build.is_client_cert(scheduler)
+    assert not build.is_client_cert(webhook)
+    assert out.next_step_at is None and out.step_at is None
+
+
+def test_a_second_pass_changes_nothing():
+    first = fresh()
+    again = reconcile.reconcile(first.secrets, first.step_at, SETTINGS, NOW + dt.timedelta(days=1))
+    assert again.changed == [] and again.actions == []
+    assert again.secrets == first.secrets
+
+
+def test_leaves_are_renewed_by_the_same_ca_thirty_days_before_they_end():
+    first = fresh()
+    later = NOW + dt.timedelta(days=365 - 29)
+    out = reconcile.reconcile(first.secrets, None, SETTINGS, later)
+    assert sorted(out.changed) == sorted(LEAVES)  # the CA stays: the bundle peers hold
+    assert out.bundle == first.bundle
+    for name in LEAVES:
+        assert out.secrets[name]["tls.crt"] != first.secrets[name]["tls.crt"]
+        assert trusted(out.secrets[name]["tls.crt"], first.bundle)
+
+
+@pytest.mark.parametrize("broken", [b"junk", b""])
+def test_a_garbage_leaf_is_replaced_and_nothing_else(broken):
+    first = fresh()
+    current = {k: dict(v) for k, v in first.secrets.items()}
+    current["gpu-scheduler-extender-tls"]["tls.crt"] = broken
+    out = reconcile.reconcile(current, None, SETTINGS, NOW)
+    assert out.changed == ["gpu-scheduler-extender-tls"]
+    assert trusted(out.secrets["gpu-scheduler-extender-tls"]["tls.crt"], first.bundle)
+
+
+def test_a_pair_of_the_wrong_kind_is_reissued():
+    first = fresh()
+    current = {k: dict(v) for k, v in first.secrets.items()}
+    # the webhook's serving pair where kube-scheduler's client pair belongs
+    current["gpu-scheduler-scheduler-tls"] = dict(first.secrets["gpu-scheduler-webhook-tls"])
+    out = reconcile.reconcile(current, None, SETTINGS, NOW)
+    assert out.changed == ["gpu-scheduler-scheduler-tls"]
+    cert = certinfo.load_cert(out.secrets["gpu-scheduler-scheduler-tls"]["tls.crt"])
+    assert build.is_client_cert(cert)
+
+
+def test_ca_rollover_in_three_steps_never_breaks_trust():
+    """Readers lag by up to one step (a Secret volume refreshes within the settle
+    time): every leaf published at step k is trusted by the bundles of steps k-1, k
+    and k+1, and so is every leaf of step k-1 by the bundle of step k."""
+    start = fresh()
+    not_after = certinfo.load_cert(start.bundle).not_valid_after_utc
+    t = not_after - dt.timedelta(days=300)  # inside ca_renew_before (365 days)
+    states = [start]
+    out = reconcile.reconcile(start.secrets, None, SETTINGS, t)
+    assert any("rollover begin" in a for a in out.actions)
+    assert len(certs_in(out.bundle)) == 2
+    assert out.next_step_at == t + SETTINGS.settle
+    states.append(out)
+    # before the settle time: nothing moves, and it says when to come back
+    waiting = reconcile.reconcile(out.secrets, out.step_at, SETTINGS, t + dt.timedelta(minutes=1))
+    assert waiting.changed == [] and waiting.next_step_at == t + SETTINGS.settle
+    t += SETTINGS.settle
+    out = reconcile.reconcile(out.secrets, out.step_at, SETTINGS, t)
+    assert any("rollover switch" in a for a in out.actions)
+    assert sorted(out.changed) == sorted([reconcile.CA_SECRET, *LEAVES])  # new leaves
+    states.append(out)
+    t += SETTINGS.settle
+    out = reconcile.reconcile(out.secrets, out.step_at, SETTINGS, t)
+    assert any("rollover finish" in a for a in out.actions)
+    assert len(certs_in(out.bundle)) == 1 and out.next_step_at is None
+    states.append(out)
+    new_ca = certs_in(out.bundle)[0]
+    assert new_ca.not_valid_after_utc > not_after
+    for k in range(1, len(states)):
+        before, now = states[k - 1], states[k]
+        for name in LEAVES:
+            leaf_now, leaf_before = now.secrets[name]["tls.crt"], before.secrets[name]["tls.crt"]
+            assert trusted(leaf_now, before.bundle), (k, name)
+            assert trusted(leaf_before, now.bundle), (k, name)
+            assert now.secrets[name]["ca.crt"] == now.bundle
+    # and then it rests
+    settled = reconcile.reconcile(out.secrets, out.step_at, SETTINGS, t + dt.timedelta(hours=1))
+    assert settled.changed == []
+
+
+def test_a_rollover_whose_step_time_was_lost_waits_a_settle_time_from_now():
+    start = fresh()
+    t = certinfo.load_cert(start.bundle).not_valid_after_utc - dt.timedelta(days=300)
+    begun = reconcile.reconcile(start.secrets, None, SETTINGS, t)
+    out = reconcile.reconcile(begun.secrets, None, SETTINGS, t + dt.timedelta(hours=2))
+    assert not any("rollover" in a for a in out.actions)
+    assert (
+        out.step_at is not None and out.next_step_at == t + dt.timedelta(hours=2) + SETTINGS.settle
+    )
+
+
+def test_an_unreadable_step_time_counts_as_lost():
+    start = fresh()
+    t = certinfo.load_cert(start.bundle).not_valid_after_utc - dt.timedelta(days=300)
+    begun = reconcile.reconcile(start.secrets, None, SETTINGS, t)
+    out = reconcile.reconcile(begun.secrets, "yesterday", SETTINGS, t + dt.timedelta(hours=2))
+    assert not any("rollover" in a for a in out.actions)
+
+
+def test_settings_refuse_what_would_break_the_rollover():
+    with pytest.raises(ValueError, match="ca_renew_before"):
+        reconcile.Settings(namespace="x", ca_renew_before=dt.timedelta(days=45))
+    with pytest.raises(ValueError, match="leaf days"):
+        reconcile.Settings(namespace="x", leaf_days=400, ca_days=365)
+    with pytest.raises(ValueError, match="settle"):
+        reconcile.Settings(namespace="x", settle=dt.timedelta(seconds=-1))
