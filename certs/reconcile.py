@@ -16,6 +16,12 @@ rollover, one step per call once ``settle`` has passed since the last (every
 reader of a Secret volume has the new bundle by then: the kubelet refreshes them
 within about a minute). Which step is next follows from the CA Secret's keys; only
 when the last step was taken is kept, in an annotation.
+
+Leaves signed by a CA the cluster does not hold (an install whose certificates came
+from ``deploy/install-certs.sh``, whose CA key stays with the admin) are *adopted*
+the same way: a new CA is trusted beside theirs while they keep serving, then signs
+new leaves, then theirs leaves the bundle. An upgrade from such an install never
+refuses a request.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from cryptography import x509
 
 from certs import build, store
 from gpu_scheduler import certinfo, timestamps
@@ -84,7 +92,7 @@ def rollover_step(
     """The rollover step to take now (``begin``, ``switch``, ``finish`` or None), and
     when the next one is due if it must wait."""
     if store.NEXT_CERT in ca:
-        phase = "switch"
+        phase = "switch" if store.CA_KEY in ca else "adopt"
     elif store.PREVIOUS_CERT in ca:
         phase = "finish"
     else:
@@ -117,17 +125,31 @@ def reconcile(
         for name in LEAVES:
             _lay_out(root / name, current.get(name, {}), LEAF_KEYS)
         actions: list[str] = []
+        foreign = _foreign_trust(current, now, settings)
+        if foreign is not None:
+            return _begin_adoption(current, foreign, root, settings, now)
+        given = step_at
         last = timestamps.parse_rfc3339(step_at)
-        step, due = rollover_step(current.get(CA_SECRET, {}), last, now, settings)
-        if step is not None:
+        ca = current.get(CA_SECRET, {})
+        step, due = rollover_step(ca, last, now, settings)
+        if step is None and due is not None and last is None:
+            step_at = timestamps.rfc3339(now)
+        if step is None and store.NEXT_CERT in ca and store.CA_KEY not in ca:
+            # Adopting, and not time yet: the leaves keep serving as they are.
+            secrets = {name: dict(data) for name, data in current.items()}
+            changed = [CA_SECRET] if step_at != given else []
+            return Outcome(secrets, step_at, store.trust_bundle(ca_dir), changed, [], due)
+        if step == "adopt":
+            actions.append("adopted CA: the new CA signs now; the old one stays trusted")
+            _finish_adoption(ca_dir)
+        elif step is not None:
             actions.append(
                 f"CA rollover {step}: "
                 + store.rotate_ca(ca_dir, step, days=settings.ca_days, now=now)
             )
+        if step is not None:
             step_at = timestamps.rfc3339(now)
             due = now + settings.settle if step != "finish" else None
-        elif due is not None and last is None:
-            step_at = timestamps.rfc3339(now)
         for name, (service, client) in LEAVES.items():
             identity = build.service_identity(service, settings.namespace)
             done = store.generate(
@@ -145,6 +167,8 @@ def reconcile(
         secrets.update({name: _read_back(root / name, LEAF_KEYS) for name in LEAVES})
         bundle = store.trust_bundle(ca_dir)
     changed = [name for name, data in secrets.items() if dict(current.get(name, {})) != data]
+    if step_at != given and CA_SECRET not in changed:
+        changed.append(CA_SECRET)  # only the step's time: the annotation
     return Outcome(secrets, step_at, bundle, changed, actions, due)
 
 
@@ -158,3 +182,81 @@ def _lay_out(folder: Path, data: Mapping[str, bytes], keys: tuple[str, ...]) -> 
 
 def _read_back(folder: Path, keys: tuple[str, ...]) -> Data:
     return {key: (folder / key).read_bytes() for key in keys if (folder / key).is_file()}
+
+
+def _foreign_trust(
+    current: Mapping[str, Mapping[str, bytes]], now: dt.datetime, settings: Settings
+) -> bytes | None:
+    """The trust bundle of leaves that serve well but were signed by a CA this
+    cluster does not hold (no CA of ours yet), or None: nothing to adopt."""
+    if any(key in current.get(CA_SECRET, {}) for key in (store.CA_KEY, store.NEXT_KEY)):
+        return None
+    good = False
+    bundles: list[bytes] = []
+    for name, (service, client) in LEAVES.items():
+        data = current.get(name, {})
+        try:
+            cas = x509.load_pem_x509_certificates(bytes(data[store.CA_CERT]))
+            cert = certinfo.load_cert(bytes(data[store.TLS_CERT]))
+            key = build.load_key(bytes(data[store.TLS_KEY]))
+        except (KeyError, ValueError):
+            continue
+        identity = build.service_identity(service, settings.namespace)
+        if build.is_client_cert(cert) == client and any(
+            build.serving_problem(cert, key, ca, identity, now) is None for ca in cas
+        ):
+            good = True
+            bundles += [build.cert_pem(ca) for ca in cas if build.cert_pem(ca) not in bundles]
+    return b"".join(bundles) if good else None
+
+
+def _begin_adoption(
+    current: Mapping[str, Mapping[str, bytes]],
+    foreign: bytes,
+    root: Path,
+    settings: Settings,
+    now: dt.datetime,
+) -> Outcome:
+    """A new CA (``ca-next``) trusted beside the foreign one (``ca-previous``); the
+    good leaves keep serving, a missing or bad one is issued by the new CA."""
+    ca_dir = root / CA_SECRET
+    key = build.new_key()
+    ca_cert = build.build_ca(key, now, settings.ca_days, "gpu-scheduler CA")
+    store.write_private(ca_dir / store.NEXT_KEY, build.key_pem(key))
+    store.write_public(ca_dir / store.NEXT_CERT, build.cert_pem(ca_cert))
+    store.write_public(ca_dir / store.PREVIOUS_CERT, foreign)
+    bundle = store.trust_bundle(ca_dir)
+    signer = root / "signer"
+    signer.mkdir()
+    store.write_private(signer / store.CA_KEY, build.key_pem(key))
+    store.write_public(signer / store.CA_CERT, build.cert_pem(ca_cert))
+    actions = ["adopting the CA of the leaves found: a new CA is trusted beside it"]
+    secrets = {CA_SECRET: _read_back(ca_dir, CA_KEYS)}
+    for name, (service, client) in LEAVES.items():
+        folder = root / name
+        if _foreign_trust({name: current.get(name, {})}, now, settings) is None:
+            identity = build.service_identity(service, settings.namespace)
+            store.generate(
+                folder,
+                identity,
+                days=settings.leaf_days,
+                ca_days=settings.ca_days,
+                now=now,
+                ca_dir=signer,
+                client=client,
+            )
+            actions.append(f"{name}: issued by the new CA (no good pair to keep)")
+        store.write_public(folder / store.CA_CERT, bundle)
+        secrets[name] = _read_back(folder, LEAF_KEYS)
+    changed = [n for n, data in secrets.items() if dict(current.get(n, {})) != data]
+    due = now + settings.settle
+    return Outcome(secrets, timestamps.rfc3339(now), bundle, changed, actions, due)
+
+
+def _finish_adoption(ca_dir: Path) -> None:
+    """The new CA signs from now on (the store's ``switch`` state: ``ca-previous``, the
+    adopted trust, stays in the bundle until ``finish``)."""
+    store.write_private(ca_dir / store.CA_KEY, (ca_dir / store.NEXT_KEY).read_bytes())
+    store.write_public(ca_dir / store.CA_CERT, (ca_dir / store.NEXT_CERT).read_bytes())
+    (ca_dir / store.NEXT_CERT).unlink()
+    (ca_dir / store.NEXT_KEY).unlink()

@@ -9,7 +9,7 @@ import datetime as dt
 import pytest
 from cryptography import x509
 
-from certs import build, reconcile
+from certs import build, reconcile, store
 from gpu_scheduler import certinfo
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -88,10 +88,22 @@ def test_a_pair_of_the_wrong_kind_is_reissued():
     assert build.is_client_cert(cert)
 
 
+def assert_trust_holds(states: list[reconcile.Outcome]) -> None:
+    """Readers lag by up to one step: every leaf of step k is trusted by the bundle of
+    step k-1, every leaf of step k-1 by the bundle of step k, and each leaf's ca.crt is
+    its step's bundle."""
+    for k in range(1, len(states)):
+        before, now = states[k - 1], states[k]
+        for name in LEAVES:
+            leaf_now, leaf_before = now.secrets[name]["tls.crt"], before.secrets[name]["tls.crt"]
+            assert trusted(leaf_now, before.bundle), (k, name)
+            assert trusted(leaf_before, now.bundle), (k, name)
+            assert now.secrets[name]["ca.crt"] == now.bundle
+
+
 def test_ca_rollover_in_three_steps_never_breaks_trust():
     """Readers lag by up to one step (a Secret volume refreshes within the settle
-    time): every leaf published at step k is trusted by the bundles of steps k-1, k
-    and k+1, and so is every leaf of step k-1 by the bundle of step k."""
+    time)."""
     start = fresh()
     not_after = certinfo.load_cert(start.bundle).not_valid_after_utc
     t = not_after - dt.timedelta(days=300)  # inside ca_renew_before (365 days)
@@ -116,13 +128,7 @@ def test_ca_rollover_in_three_steps_never_breaks_trust():
     states.append(out)
     new_ca = certs_in(out.bundle)[0]
     assert new_ca.not_valid_after_utc > not_after
-    for k in range(1, len(states)):
-        before, now = states[k - 1], states[k]
-        for name in LEAVES:
-            leaf_now, leaf_before = now.secrets[name]["tls.crt"], before.secrets[name]["tls.crt"]
-            assert trusted(leaf_now, before.bundle), (k, name)
-            assert trusted(leaf_before, now.bundle), (k, name)
-            assert now.secrets[name]["ca.crt"] == now.bundle
+    assert_trust_holds(states)
     # and then it rests
     settled = reconcile.reconcile(out.secrets, out.step_at, SETTINGS, t + dt.timedelta(hours=1))
     assert settled.changed == []
@@ -154,3 +160,70 @@ def test_settings_refuse_what_would_break_the_rollover():
         reconcile.Settings(namespace="x", leaf_days=400, ca_days=365)
     with pytest.raises(ValueError, match="settle"):
         reconcile.Settings(namespace="x", settle=dt.timedelta(seconds=-1))
+
+
+def installed_by_the_tool(tmp_path, skip: str = "") -> dict[str, dict[str, bytes]]:
+    """The three Secrets as deploy/install-certs.sh writes them: a CA kept off the
+    cluster (its key in a folder of the admin's), leaves it signed."""
+    ca_dir = tmp_path / "ca"
+    secrets = {}
+    for name, (service, client) in reconcile.LEAVES.items():
+        folder = tmp_path / name
+        identity = build.service_identity(service, SETTINGS.namespace)
+        store.generate(folder, identity, now=NOW, ca_dir=ca_dir, client=client)
+        if name != skip:
+            secrets[name] = {k: (folder / k).read_bytes() for k in ("tls.crt", "tls.key", "ca.crt")}
+    return secrets
+
+
+def test_leaves_from_the_tool_are_adopted_without_a_moment_of_distrust(tmp_path):
+    tool = installed_by_the_tool(tmp_path)
+    foreign = tool["gpu-scheduler-webhook-tls"]["ca.crt"]
+    t = NOW + dt.timedelta(days=10)
+    start = reconcile.Outcome({k: dict(v) for k, v in tool.items()}, None, foreign)
+    begun = reconcile.reconcile(tool, None, SETTINGS, t)
+    assert set(begun.secrets[reconcile.CA_SECRET]) == {
+        "ca-next.crt",
+        "ca-next.key",
+        "ca-previous.crt",
+    }
+    assert len(certs_in(begun.bundle)) == 2 and begun.next_step_at == t + SETTINGS.settle
+    for name in LEAVES:  # they keep serving what they served
+        assert begun.secrets[name]["tls.crt"] == tool[name]["tls.crt"]
+    waiting = reconcile.reconcile(
+        begun.secrets, begun.step_at, SETTINGS, t + dt.timedelta(minutes=1)
+    )
+    assert waiting.changed == [] and waiting.secrets == begun.secrets
+    t += SETTINGS.settle
+    switched = reconcile.reconcile(begun.secrets, begun.step_at, SETTINGS, t)
+    assert {"ca.crt", "ca.key", "ca-previous.crt"} == set(switched.secrets[reconcile.CA_SECRET])
+    for name in LEAVES:
+        assert not trusted(switched.secrets[name]["tls.crt"], foreign)  # the new CA's
+    t += SETTINGS.settle
+    done = reconcile.reconcile(switched.secrets, switched.step_at, SETTINGS, t)
+    assert len(certs_in(done.bundle)) == 1 and not trusted(
+        tool["gpu-scheduler-webhook-tls"]["tls.crt"], done.bundle
+    )
+    assert_trust_holds([start, begun, switched, done])
+    assert (
+        reconcile.reconcile(done.secrets, done.step_at, SETTINGS, t + dt.timedelta(hours=1)).changed
+        == []
+    )
+
+
+def test_a_leaf_missing_from_the_tool_is_issued_by_the_new_ca_at_once(tmp_path):
+    tool = installed_by_the_tool(tmp_path, skip="gpu-scheduler-extender-tls")
+    begun = reconcile.reconcile(tool, None, SETTINGS, NOW)
+    leaf = begun.secrets["gpu-scheduler-extender-tls"]
+    assert leaf["ca.crt"] == begun.bundle and trusted(leaf["tls.crt"], begun.bundle)
+    assert (
+        begun.secrets["gpu-scheduler-webhook-tls"]["tls.crt"]
+        == tool["gpu-scheduler-webhook-tls"]["tls.crt"]
+    )
+
+
+def test_garbage_from_elsewhere_is_not_adopted():
+    junk = {name: {"tls.crt": b"junk", "tls.key": b"junk", "ca.crt": b"junk"} for name in LEAVES}
+    out = reconcile.reconcile(junk, None, SETTINGS, NOW)
+    assert set(out.secrets[reconcile.CA_SECRET]) == {"ca.crt", "ca.key"}
+    assert out.next_step_at is None
