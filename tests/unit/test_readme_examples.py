@@ -13,7 +13,7 @@ MEMORY = {"NVIDIA-H100-80GB-HBM3": 81559, "NVIDIA-A100-SXM4-80GB": 81920}
 
 
 def test_the_example_pod_admits_the_products_it_names():
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "reference" / "annotations.md").read_text()
     example = text[text.index("  name: train\n") :]
     minimum = re.search(r"gpu-scheduler\.io/min-gpu-memory: (\S+)", example)[1]
     products = re.search(r"gpu-scheduler\.io/gpu-products: (\S+)", example)[1].split(",")
