@@ -2,12 +2,16 @@
 
 Rules, for a pod that requests ``nvidia.com/gpu`` (counted by the shared contract):
 
+* A pod whose node is already decided is left alone: one with ``spec.nodeName``, or
+  one a DaemonSet controls (the DaemonSet controller pins it to its node by node
+  affinity, having checked the node's taints against its template; the GPU
+  Operator's validator is one). The configuration's matchConditions never send such
+  a pod (the same rule in CEL), so an outage of the webhook cannot hold up the pods
+  that bring a GPU node up; this is the handler's half of that rule. Neither needs
+  the GPU toleration: the kubelet checks only NoExecute taints of a pod with
+  ``spec.nodeName``, and a DaemonSet's pods tolerate what its template tolerates.
 * ``spec.schedulerName`` is set to the configured profile when it is absent, empty or
-  ``default-scheduler``. Another explicitly chosen scheduler is never overridden, and
-  neither is the scheduler of a pod whose node is already decided: one with
-  ``spec.nodeName``, or one a DaemonSet owns (its controller pins it to its node by
-  node affinity; the GPU Operator's validator is one). Routing those through the
-  extender could only add a way to fail for the pods that bring a GPU node up.
+  ``default-scheduler``. Another explicitly chosen scheduler is never overridden.
 * Each required toleration (the GPU one, then the configured extras) is added unless
   a toleration already on the pod *covers* it: tolerates every taint it tolerates.
   This is done for every GPU pod, also when another scheduler was kept, as
@@ -74,6 +78,7 @@ UNCHANGED = "unchanged"  # a GPU pod that already had all it needs
 NO_GPU = "no-gpu"
 GANG_MEMBER = "gang-member"  # a CPU-only pod of a GPU gang, routed to the profile
 OPTED_OUT = "opted-out"
+NODE_DECIDED = "node-decided"  # spec.nodeName, or a DaemonSet's pod: left alone
 UNINTERPRETABLE = "uninterpretable"
 IGNORED = "ignored"  # not a Pod CREATE
 REFUSED = "refused"  # its node affinity cannot be written within the cap
@@ -83,6 +88,7 @@ OUTCOMES = (
     NO_GPU,
     GANG_MEMBER,
     OPTED_OUT,
+    NODE_DECIDED,
     UNINTERPRETABLE,
     IGNORED,
     REFUSED,
@@ -131,14 +137,15 @@ def decide(pod: Any, cfg: WebhookConfig) -> Decision:
     have = [_checked_toleration(t, f"spec.tolerations[{i}]") for i, t in enumerate(tolerations)]
     if gpus <= 0:
         return _gang_member(annotations, spec, current, decided, cfg)
+    if decided:
+        scheduler = current or DEFAULT_SCHEDULER
+        return Decision(NODE_DECIDED, gpus=gpus, scheduler=scheduler, detail=decided)
 
     patch: list[dict[str, Any]] = []
     warnings: list[str] = []
     changes: list[str] = []
     scheduler = current or DEFAULT_SCHEDULER
-    if decided:
-        pass  # its node is chosen: the toleration below is all it needs
-    elif _routes(spec, current, cfg, f"the pod requests {gpus} {RESOURCE_GPU}", patch, warnings):
+    if _routes(spec, current, cfg, f"the pod requests {gpus} {RESOURCE_GPU}", patch, warnings):
         changes.append("schedulerName")
         scheduler = cfg.scheduler_name
 
@@ -155,7 +162,7 @@ def decide(pod: Any, cfg: WebhookConfig) -> Decision:
         warnings += [f"{WARNING_PREFIX}added toleration {describe(t)}" for t in missing]
         changes.append("tolerations")
 
-    if cfg.node_affinity and not decided:
+    if cfg.node_affinity:
         written = _node_affinity(annotations, spec, cfg, warnings)
         if isinstance(written, str):
             return Decision(REFUSED, gpus=gpus, detail=clip_text(written, MAX_WARNING))
@@ -170,7 +177,6 @@ def decide(pod: Any, cfg: WebhookConfig) -> Decision:
         gpus=gpus,
         changes=tuple(changes),
         scheduler=scheduler,
-        detail=decided or "",
     )
 
 

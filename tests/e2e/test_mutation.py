@@ -85,8 +85,8 @@ def test_webhook_down_fails_gpu_pods_only(stack):
 
 def test_decided_pods_keep_the_default_scheduler_while_the_extender_is_down(stack):
     """A GPU-requesting DaemonSet (the GPU Operator's validator is one) and a pod with
-    spec.nodeName have their node decided: the webhook leaves their scheduler alone,
-    so they are placed with our extender stopped."""
+    spec.nodeName have their node decided: they never reach the webhook, keep the
+    default scheduler, and are placed with our extender stopped."""
     from kubernetes import client, utils
 
     from tests.e2e.kube import create_node, gpu_labels
@@ -139,7 +139,10 @@ def test_decided_pods_keep_the_default_scheduler_while_the_extender_is_down(stac
         assert set(placed().values()) == {contract.DEFAULT_SCHEDULER}
         pinned = create_pod(stack, pod_manifest(unique("pinned"), 1, node_name=sorted(nodes)[0]))
         assert pinned["spec"]["schedulerName"] == contract.DEFAULT_SCHEDULER
-        assert any(t.get("key") == contract.RESOURCE_GPU for t in pinned["spec"]["tolerations"])
+        # Never sent to the webhook (matchConditions): no toleration added either.
+        assert not any(
+            t.get("key") == contract.RESOURCE_GPU for t in pinned["spec"].get("tolerations") or []
+        )
         apps.delete_namespaced_daemon_set(name, "default")
     finally:
         stack.start_extender(tls=True)

@@ -89,12 +89,15 @@ def test_other_scheduler_is_kept_but_toleration_still_added() -> None:
     assert patched(p)["spec"]["schedulerName"] == "volcano"
 
 
-def test_pod_with_node_name_keeps_its_scheduler() -> None:
-    p = pod(nodeName="gpu-node-1")
+def test_pod_with_node_name_is_left_alone() -> None:
+    """Its node is chosen: no scheduler, no toleration (the kubelet checks only
+    NoExecute taints), no node affinity. The matchConditions never send it either."""
+    p = pod(nodeName="gpu-node-1", annotations={"gpu-scheduler.io/spot": "forbid"})
     d = decide(p, CFG)
-    assert d.changes == ("tolerations",) and d.scheduler == "default-scheduler"
+    assert d.outcome == mutate.NODE_DECIDED and d.patch == [] and d.warnings == []
+    assert d.changes == () and d.scheduler == "default-scheduler" and d.gpus == 1
     assert "spec.nodeName is gpu-node-1" in d.detail
-    assert "schedulerName" not in patched(p)["spec"]
+    assert decide(pod(nodeName="n", schedulerName="volcano"), CFG).scheduler == "volcano"
 
 
 # --- a CPU-only member of a GPU gang ------------------------------------------------------
@@ -158,12 +161,17 @@ DS_OWNER = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "validator", "
         ({**DS_OWNER, "controller": True, "apiVersion": "example.com/v1"}, True),
     ],
 )
-def test_daemonset_pod_keeps_its_scheduler(owner: dict[str, Any], rerouted: bool) -> None:
+def test_daemonset_pod_is_left_alone(owner: dict[str, Any], rerouted: bool) -> None:
+    """A pod its DaemonSet controls is not mutated at all: the DaemonSet controller
+    chose its node from the template's tolerations, and pins it there by affinity."""
     p = pod()
     p["metadata"]["ownerReferences"] = [owner]
+    d = decide(p, CFG)
     out = patched(p)
-    assert out["spec"]["tolerations"] == [GPU_TOLERATION]  # it still must land on a GPU node
+    assert (d.outcome == mutate.NODE_DECIDED) is not rerouted
+    assert (out == p) is not rerouted
     assert (out["spec"].get("schedulerName") == "gpu-scheduler") is rerouted
+    assert (out["spec"].get("tolerations") == [GPU_TOLERATION]) is rerouted
 
 
 @pytest.mark.parametrize(
