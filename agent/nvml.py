@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +21,35 @@ from agent.inventory import (
 from gpu_scheduler.quantity import mib
 
 _NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
+_LIBRARY_NOT_FOUND = 12  # NVML_ERROR_LIBRARY_NOT_FOUND
+LIBRARY = "libnvidia-ml.so.1"
+#: Where the driver's library is mounted when no NVIDIA container runtime puts it on the
+#: loader's path: GKE's drivers (the host's /home/kubernetes/bin/nvidia at
+#: /usr/local/nvidia, as GKE's device plugin and the agent's gke platform mount it).
+#: LD_LIBRARY_PATH=/usr/local/nvidia/lib64 finds it first; these are the fallback.
+LIBRARY_DIRS = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib")
 
 
 class NvmlBackend:
     """The GPUs as the driver reports them, through ``pynvml`` (``nvidia-ml-py``).
 
     NVML is initialised and shut down around each read, so a driver reload between
-    reads is picked up. ``nvml`` may be injected (tests pass a fake module).
+    reads is picked up. ``nvml`` may be injected (tests pass a fake module), and so may
+    the ``library_dirs`` tried when the loader's path has no ``libnvidia-ml.so.1``
+    and the ``loader`` that opens one there (``ctypes.CDLL``).
     """
 
-    def __init__(self, nvml: Any = None, sysfs: str | Path = "/sys") -> None:
+    def __init__(
+        self,
+        nvml: Any = None,
+        sysfs: str | Path = "/sys",
+        library_dirs: Sequence[str | Path] = LIBRARY_DIRS,
+        loader: Callable[[str], Any] = ctypes.CDLL,
+    ) -> None:
         self._nvml = nvml
         self._sysfs = Path(sysfs)
+        self._library_dirs = tuple(Path(d) for d in library_dirs)
+        self._loader = loader
 
     def module(self) -> Any:
         if self._nvml is None:
@@ -46,12 +65,14 @@ class NvmlBackend:
     def read(self) -> Inventory:
         nvml = self.module()
         try:
-            nvml.nvmlInit()
+            self._init(nvml)
         except nvml.NVMLError as exc:
             raise InventoryError(
                 f"NVML could not be initialised ({describe_error(exc)}): is the NVIDIA driver "
                 "loaded, and does the container see it (runtimeClassName: nvidia, or "
-                "NVIDIA_VISIBLE_DEVICES/NVIDIA_DRIVER_CAPABILITIES with the nvidia runtime)?"
+                "NVIDIA_VISIBLE_DEVICES/NVIDIA_DRIVER_CAPABILITIES with the nvidia runtime; "
+                "on GKE's drivers, the host's /home/kubernetes/bin/nvidia at "
+                "/usr/local/nvidia: the chart's agent.platform)?"
             ) from exc
         except OSError as exc:  # a broken libnvidia-ml.so
             raise InventoryError(f"NVML could not be loaded: {exc}") from exc
@@ -60,6 +81,21 @@ class NvmlBackend:
         finally:
             with contextlib.suppress(nvml.NVMLError):
                 nvml.nvmlShutdown()
+
+    def _init(self, nvml: Any) -> None:
+        """``nvmlInit``; when the loader's path has no libnvidia-ml.so.1, the library is
+        opened from the first of the library dirs that has it (pynvml then uses it:
+        its ``nvmlLib``) and NVML initialised again."""
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            if _code(exc) != _LIBRARY_NOT_FOUND:
+                raise
+            found = [d / LIBRARY for d in self._library_dirs if (d / LIBRARY).is_file()]
+            if not found or getattr(nvml, "nvmlLib", None) is not None:
+                raise
+            nvml.nvmlLib = self._loader(str(found[0]))
+            nvml.nvmlInit()
 
     def _read(self, nvml: Any) -> Inventory:
         try:

@@ -120,6 +120,7 @@ SPOT_LABELS: tuple[tuple[str, str], ...] = (
 # Labels that mark a GPU node before our agent runs there (the agent DaemonSet's affinity).
 LABEL_NFD_NVIDIA_PCI = "feature.node.kubernetes.io/pci-10de.present"
 LABEL_EKS_ACCELERATOR = "k8s.amazonaws.com/accelerator"
+LABEL_GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"  # every GKE GPU node
 
 # --- project-owned keys ------------------------------------------------------------
 PREFIX = "gpu-scheduler.io/"

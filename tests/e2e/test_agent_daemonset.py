@@ -18,6 +18,7 @@ GPU_NODE_LABELS = (
     contract.LABEL_NFD_NVIDIA_PCI,
     contract.LABEL_GPU_PRESENT,
     contract.LABEL_EKS_ACCELERATOR,
+    contract.LABEL_GKE_ACCELERATOR,
 )
 
 
@@ -94,12 +95,16 @@ def test_agent_daemonset_runs_on_exactly_the_gpu_nodes(stack):
             case=case,
             labels={contract.LABEL_EKS_ACCELERATOR: "nvidia-h100"},
         ),
+        create_node(
+            stack,
+            unique("ds-gke"),
+            case=case,
+            labels={contract.LABEL_GKE_ACCELERATOR: "nvidia-l4"},
+        ),
     }
     cpu_nodes = {create_node(stack, unique("ds-cpu"), case=case) for _ in range(2)}
-    # The NVIDIA container toolkit / GPU operator installs this RuntimeClass on real clusters.
-    client.NodeV1Api(stack.api).create_runtime_class(
-        {"metadata": {"name": "nvidia"}, "handler": "nvidia"}
-    )
+    # The base asks for no RuntimeClass (agent.platform auto renders eks without a
+    # cluster): the node's default runtime is nvidia; none exists here.
     for doc in deploy_documents("agent"):
         doc.setdefault("metadata", {})
         if doc["kind"] in ("ServiceAccount", "DaemonSet"):

@@ -2,10 +2,14 @@
 does: the ResourceQuota admission plugin's ``limitedResources`` admits pods of
 ``system-cluster-critical`` / ``system-node-critical`` outside kube-system only in a
 namespace with a ResourceQuota whose scopeSelector names them (Kubernetes docs, "Limit
-Priority Class consumption by default"). deploy/ carries that quota; every pod of the
-install is created."""
+Priority Class consumption by default"). deploy/ carries that quota. With the agent's
+gke platform (deploy/agent/platform/gke/: Google's drivers, no NVIDIA runtime) and no
+RuntimeClass in the cluster, as on GKE, every pod of the install is created, the
+agent's included."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import yaml
@@ -68,7 +72,20 @@ def critical_pod(name: str) -> dict:
     }
 
 
-def test_every_pod_of_the_install_is_created(limited):
+def gke_overlay(folder) -> str:
+    """deploy/ with the agent's gke platform component, as a GKE admin's overlay."""
+    folder.mkdir(exist_ok=True)
+    overlay = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(ROOT / "deploy", folder)],
+        "components": [os.path.relpath(ROOT / "deploy" / "agent" / "platform" / "gke", folder)],
+    }
+    (folder / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    return str(folder)
+
+
+def test_every_pod_of_the_install_is_created(limited, tmp_path):
     api = limited.api_client()
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     # The controller manager makes the namespace's default ServiceAccount a moment after
@@ -82,14 +99,16 @@ def test_every_pod_of_the_install_is_created(limited):
     with pytest.raises(ApiException) as refused:
         core.create_namespaced_pod("default", critical_pod("no-quota-here"))
     assert "insufficient quota to match these scopes" in refused.value.body
-    core.create_node(node_object("gpu-1", labels={contract.LABEL_GPU_PRESENT: "true"}, gpus=8))
-    # The NVIDIA container toolkit (GPU Operator) installs it; the agent runs with it.
-    runtime = {"metadata": {"name": "nvidia"}, "handler": "nvidia"}
-    client.NodeV1Api(api).create_runtime_class(runtime)
-    limited.k8s("kubectl", "apply", "--server-side", "-k", str(ROOT / "deploy"))
+    # A GKE GPU node: GKE's accelerator label (no GFD, no NFD there), its GPU taint.
+    labels = {contract.LABEL_GKE_ACCELERATOR: "nvidia-l4"}
+    taints = [{"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}]
+    core.create_node(node_object("gpu-1", labels=labels, gpus=8, taints=taints))
+    # No RuntimeClass at all: GKE's drivers come without the NVIDIA container runtime.
+    assert not client.NodeV1Api(api).list_runtime_class().items
+    limited.k8s("kubectl", "apply", "--server-side", "-k", gke_overlay(tmp_path / "gke"))
 
     deployments = apps.list_namespaced_deployment(NAMESPACE).items
-    assert {d.metadata.name for d in deployments} == {
+    assert {d.metadata.name for d in deployments} >= {
         "gpu-scheduler",
         "gpu-scheduler-extender",
         "gpu-scheduler-webhook",
@@ -104,7 +123,15 @@ def test_every_pod_of_the_install_is_created(limited):
         return [e.message for e in events if e.reason == "FailedCreate"]
 
     wait_for(lambda: created() == wanted, 90, f"{wanted} pods ({failures()})")
-    assert wanted == 7
+    assert wanted >= 7
+    (agent,) = core.list_namespaced_pod(
+        NAMESPACE, label_selector="app.kubernetes.io/name=gpu-scheduler-agent"
+    ).items
+    assert agent.spec.runtime_class_name is None
+    assert {v.name: v.host_path.path for v in agent.spec.volumes if v.host_path} == {
+        "nvidia-install-dir": "/home/kubernetes/bin/nvidia"
+    }
+    assert not [m for m in failures() if "RuntimeClass" in m]
     classes = {p.spec.priority_class_name for p in core.list_namespaced_pod(NAMESPACE).items}
     assert classes == set(CRITICAL)
     assert not [m for m in failures() if "insufficient quota" in m]

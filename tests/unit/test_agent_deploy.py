@@ -34,8 +34,10 @@ def test_only_on_gpu_nodes_any_common_label() -> None:
         contract.LABEL_NFD_NVIDIA_PCI,
         contract.LABEL_GPU_PRESENT,
         contract.LABEL_EKS_ACCELERATOR,
+        contract.LABEL_GKE_ACCELERATOR,
     }
     assert keys[contract.LABEL_EKS_ACCELERATOR]["operator"] == "Exists"
+    assert keys[contract.LABEL_GKE_ACCELERATOR]["operator"] == "Exists"
     assert keys[contract.LABEL_GPU_PRESENT]["values"] == ["true"]
 
 
@@ -43,7 +45,9 @@ def test_pod_spec() -> None:
     ds = daemonset()
     assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     spec = ds["spec"]["template"]["spec"]
-    assert spec["runtimeClassName"] == "nvidia"
+    # The base is platform eks (the chart's auto without a cluster): the node's default
+    # runtime is nvidia; the components under platform/ add the others.
+    assert "runtimeClassName" not in spec
     assert {"key": contract.RESOURCE_GPU, "operator": "Exists", "effect": "NoSchedule"} in spec[
         "tolerations"
     ]

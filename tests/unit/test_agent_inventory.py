@@ -336,3 +336,42 @@ def test_real_pynvml_without_a_driver_is_an_inventory_error() -> None:
     skip_with_an_nvidia_driver()
     with pytest.raises(InventoryError, match="NVML could not be initialised"):
         NvmlBackend().read()
+
+
+class LibraryMissingNvml(FakeNvml):
+    """pynvml where ``CDLL("libnvidia-ml.so.1")`` fails: NVML_ERROR_LIBRARY_NOT_FOUND
+    until a library is given to it as ``nvmlLib``."""
+
+    def __init__(self, gpus: list[dict[str, Any]]) -> None:
+        super().__init__(gpus)
+        self.nvmlLib: Any = None
+
+    def nvmlInit(self) -> None:
+        if self.nvmlLib is None:
+            raise self._err(12)
+
+
+def test_nvml_is_found_where_gke_mounts_the_driver(tmp_path) -> None:
+    """GKE's drivers: libnvidia-ml.so.1 in /usr/local/nvidia/lib64 (the host's
+    /home/kubernetes/bin/nvidia), not on the loader's path: opened from there."""
+    lib64 = tmp_path / "lib64"
+    lib64.mkdir()
+    (lib64 / "libnvidia-ml.so.1").write_bytes(b"")
+    opened: list[str] = []
+
+    def loader(path: str) -> str:
+        opened.append(path)
+        return "lib"
+
+    nvml = LibraryMissingNvml([h100()])
+    backend = NvmlBackend(nvml, library_dirs=[tmp_path / "lib", lib64], loader=loader)
+    assert len(backend.read().gpus) == 1
+    assert opened == [str(lib64 / "libnvidia-ml.so.1")] and nvml.nvmlLib == "lib"
+    backend.read()
+    assert len(opened) == 1  # loaded once
+
+
+def test_nvml_missing_everywhere_is_an_error(tmp_path) -> None:
+    backend = NvmlBackend(LibraryMissingNvml([h100()]), library_dirs=[tmp_path])
+    with pytest.raises(InventoryError, match=r"code 12.*agent.platform"):
+        backend.read()
