@@ -16,11 +16,14 @@ K8S_OLDEST := $(firstword $(K8S_MINORS))
 K8S_MINOR ?= $(lastword $(K8S_MINORS))
 export GPU_SCHEDULER_K8S_BIN := $(shell $(K8S_BUILD) --path)
 HAVE_GO := $(shell command -v go 2>/dev/null)
+# actionlint and helm-docs, for `make lint`: tools/k8s/linters is their Go module (a `tool`
+# directive each), built by tools/k8s/build.sh into .cache/k8s/linters-<hash>/.
+LINTERS := $(shell $(K8S_BUILD) --path linters)
 # What `make image` needs; without it the real-node e2e tests say so and skip (CI: fail).
 HAVE_IMAGE_TOOLS := $(shell command -v buildah >/dev/null && command -v debootstrap >/dev/null \
   && command -v gcc >/dev/null && [ "$$(id -u)" = 0 ] && echo yes)
 
-.PHONY: test lint unit install controlplane controlplanes kueue e2e image demo bench bench-scale clean
+.PHONY: test lint linters docs unit install controlplane controlplanes kueue e2e image demo bench bench-scale clean
 
 install: $(STAMP)
 
@@ -57,21 +60,36 @@ e2e: $(STAMP) controlplane-$(K8S_MINOR) controlplane-$(lastword $(K8S_MINORS)) \
 image:
 	tools/image/build.sh
 
-# ruff, and the house's size rule (tools/sizes.py: product files <= 450 lines,
-# functions <= 80).
-lint: $(STAMP)
+linters:
+	$(K8S_BUILD) linters
+
+# ruff; the house's size rule (tools/sizes.py: product files <= 450 lines, functions
+# <= 80); actionlint on .github/workflows/ (and shellcheck on their run: scripts where
+# shellcheck is installed); and the chart's values table in docs/configuration.md equal
+# to what helm-docs makes of charts/gpu-scheduler/values.yaml (`make docs` rewrites it).
+# The last two need Go to build them: without it they are skipped here, failed in CI.
+lint: $(STAMP) $(if $(HAVE_GO),linters)
 	$(BIN)/ruff check .
 	$(BIN)/python tools/sizes.py
+ifdef HAVE_GO
+	$(LINTERS)/actionlint
+	HELM_DOCS=$(LINTERS)/helm-docs tools/helm_docs.sh --check
+else
+	@echo "no Go: actionlint and the chart's values table not checked"; [ "$$CI" != true ]
+endif
+
+# The chart's values table in docs/configuration.md, from values.yaml's `# --` comments.
+docs: linters
+	HELM_DOCS=$(LINTERS)/helm-docs tools/helm_docs.sh
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-# The README's test command: lint, unit, HTTP and property tests, and the end-to-end
-# tests on the real control plane (built first where Go is installed; in CI it must be),
-# one of them on a real node running the image (built first where buildah is installed).
-test: $(STAMP) $(if $(HAVE_GO),controlplane controlplane-$(K8S_OLDEST) kueue) $(if $(HAVE_IMAGE_TOOLS),image)
-	$(BIN)/ruff check .
-	$(BIN)/python tools/sizes.py
+# The README's test command: lint (first: `make lint`), unit, HTTP and property tests,
+# and the end-to-end tests on the real control plane (built first where Go is installed;
+# in CI it must be), one of them on a real node running the image (built first where
+# buildah is installed).
+test: lint $(STAMP) $(if $(HAVE_GO),controlplane controlplane-$(K8S_OLDEST) kueue) $(if $(HAVE_IMAGE_TOOLS),image)
 	$(BIN)/pytest
 
 demo: $(STAMP) controlplane $(if $(HAVE_IMAGE_TOOLS),image)

@@ -9,12 +9,15 @@
 #   tools/k8s/build.sh kueue            Kueue (sigs.k8s.io/kueue/cmd/kueue) and its
 #                                       config/ (CRDs, webhooks, RBAC, Configuration)
 #   tools/k8s/build.sh --path kueue     where that build is (or would be)
+#   tools/k8s/build.sh linters          actionlint and helm-docs (`make lint` runs them)
+#   tools/k8s/build.sh --path linters   the folder they are (or would be) in
 #
 # The newest minor's module is tools/k8s itself (it also carries helm: helm.go); each
 # older one is tools/k8s/v1.NN, a go.mod of its own that links tools/k8s/components.go.
 # Kueue is tools/k8s/kueue, a go.mod of its own (a `tool` directive), as its Kubernetes
 # libraries are older than ours; its config/ is copied from the module beside the binary,
-# so the lab installs what that release ships.
+# so the lab installs what that release ships. The linters are tools/k8s/linters, one
+# go.mod with a `tool` directive for each, built into .cache/k8s/linters-<hash>/.
 set -euo pipefail
 cd "$(dirname "$0")"
 HERE=$(pwd)
@@ -76,10 +79,39 @@ build_kueue() {
   echo "kueue $version ready in $((SECONDS - start)) s: $bin"
 }
 
+LINTERS=(github.com/rhysd/actionlint/cmd/actionlint github.com/norwoodj/helm-docs/cmd/helm-docs)
+linter_version() { sed -n "s|^\s*$1 v\([0-9.]*\).*|\1|p" "$HERE/linters/go.mod" | head -1; }
+linter_ldflags() {  # the versions they report, as their release builds stamp them
+  echo -n "-s -w -X github.com/rhysd/actionlint.version=$(linter_version github.com/rhysd/actionlint)"
+  echo -n " -X main.version=$(linter_version github.com/norwoodj/helm-docs)"
+}
+linters_path() {
+  local hash
+  hash=$( (cat "$HERE/linters/go.mod" "$HERE/linters/go.sum"; linter_ldflags) | sha1sum | cut -c1-8)
+  echo "$ROOT/.cache/k8s/linters-$hash"
+}
+
+build_linters() {  # one set of ldflags for both: each -X names a variable only one has
+  local dir tool name start
+  dir=$(linters_path)
+  [ -x "$dir/actionlint" ] && [ -x "$dir/helm-docs" ] && { echo "linters: $dir"; return 0; }
+  mkdir -p "$dir"; start=$SECONDS
+  echo "building actionlint $(linter_version github.com/rhysd/actionlint) and helm-docs" \
+    "$(linter_version github.com/norwoodj/helm-docs) into $dir (cold: about a minute)"
+  for tool in "${LINTERS[@]}"; do
+    name=${tool##*/}
+    (cd "$HERE/linters" && go build -trimpath -ldflags="$(linter_ldflags)" -o "$dir/$name.tmp" "$tool")
+    mv "$dir/$name.tmp" "$dir/$name"
+  done
+  echo "linters ready in $((SECONDS - start)) s: $dir"
+}
+
 case "${1:-}" in
   --minors) minors; exit 0 ;;
-  --path) if [ "${2:-}" = kueue ]; then kueue_path; else path_of "${2:-$(newest)}"; fi; exit 0 ;;
+  --path) case "${2:-}" in kueue) kueue_path ;; linters) linters_path ;;
+    *) path_of "${2:-$(newest)}" ;; esac; exit 0 ;;
   kueue) build_kueue; exit 0 ;;
+  linters) build_linters; exit 0 ;;
 esac
 minor=${1:-$(newest)}
 bin=$(path_of "$minor")
