@@ -1,7 +1,7 @@
 # The one project image: `gpu-scheduler <extender|webhook|agent|...>` picks the component.
 #
-#   docker build -t ghcr.io/gpu-scheduler/gpu-scheduler:0.1.0 .
-#   docker push ghcr.io/gpu-scheduler/gpu-scheduler:0.1.0
+#   docker build -t ghcr.io/gpu-scheduler/gpu-scheduler:0.2.0 .
+#   docker push ghcr.io/gpu-scheduler/gpu-scheduler:0.2.0
 #
 # The base is pinned by version (Python patch release and Debian release). For a
 # reproducible build pin it by digest too:

@@ -1,3 +1,3 @@
 """gpu-scheduler: GPU-aware scheduling for Kubernetes (shared contract, CLI, serving)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -56,6 +56,8 @@ CGROUP_ROOT = "gpu-scheduler-lab"
 CGROUP_FS = Path("/sys/fs/cgroup")
 CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
 IMAGES_ENV = ROOT / ".cache" / "images" / "images.env"
+#: The image docs/examples/gpu-pod.yaml runs: the lab's pause image under that name.
+EXAMPLE_IMAGE = "registry.k8s.io/pause:3.10"
 TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ip")
 
 
@@ -385,6 +387,10 @@ def start_real_node(
                 "ctr", f"--address={sock}", "--namespace=k8s.io", "images", "import",
                 str(archive(names[key])), timeout=300,
             )  # fmt: skip
+        _run(
+            "ctr", f"--address={sock}", "--namespace=k8s.io", "images", "tag", "--force",
+            names["PAUSE_IMAGE"], EXAMPLE_IMAGE,
+        )  # fmt: skip
         node_labels = ",".join(f"{k}={v}" for k, v in (labels or {}).items())
         node_taints = ",".join(f"{t['key']}={t['value']}:{t['effect']}" for t in taints or [])
         kubelet = cluster.spawn(

@@ -14,6 +14,10 @@ EXPECTED = {
     ("deployment.apps", "gpu-scheduler"),
     ("deployment.apps", "gpu-scheduler-extender"),
     ("deployment.apps", "gpu-scheduler-webhook"),
+    ("deployment.apps", "gpu-scheduler-certs"),
+    ("serviceaccount", "gpu-scheduler-certs"),
+    ("role.rbac.authorization.k8s.io", "gpu-scheduler-certs"),
+    ("clusterrole.rbac.authorization.k8s.io", "gpu-scheduler-certs"),
     ("service", "gpu-scheduler-extender"),
     ("service", "gpu-scheduler-webhook"),
     ("poddisruptionbudget.policy", "gpu-scheduler"),
@@ -28,6 +32,7 @@ EXPECTED = {
     ),
     ("networkpolicy.networking.k8s.io", "gpu-scheduler-default-deny-ingress"),
     ("networkpolicy.networking.k8s.io", "gpu-scheduler-extender"),
+    ("networkpolicy.networking.k8s.io", "gpu-scheduler-certs"),
 }
 
 

@@ -28,9 +28,12 @@ HASHED = re.compile(r"^(gpu-scheduler(?:-\w+)*-config)-[a-z0-9]{10}$")
 MODES = [
     [],
     ["--set", "certificates.mode=cert-manager"],
+    ["--set", "certificates.mode=external"],
     ["--set", "agent.capacity=true", "--set", "agent.gfdLabels=always"],
     ["--set", "extender.tls=false", "--set", "networkPolicy.enabled=false"],
     ["--set", "image.digest=sha256:" + "0" * 64, "--set", "agent.admissionPolicy=false"],
+    ["--set", "agent.platform=gke", "--set", "webhook.hostNetwork=true"],
+    ["--set", "agent.platform=gpu-operator", "--set", "extender.hostNetwork=true"],
 ]
 
 
@@ -166,7 +169,42 @@ def fresh_cluster(request, tmp_path_factory, control_plane_binary):
     cluster.stop()
 
 
-def test_helm_install_then_install_certs(fresh_cluster, helm_binary, tmp_path):
+def _secret_files(core: Any, name: str) -> dict[str, bytes]:
+    import base64
+
+    secret = core.read_namespaced_secret(name, NAMESPACE)
+    return {k: base64.b64decode(v) for k, v in secret.data.items()}
+
+
+def _controller(cluster: Any, core: Any, tmp_path) -> list[str]:
+    """`gpu-scheduler certs controller --once` as the chart's ServiceAccount (so with
+    the RBAC the chart grants it, nothing more), from the host: the lab's nodes run no
+    pods (tests/e2e/test_real_node.py runs it as a pod)."""
+    import subprocess
+    import sys
+
+    token = core.create_namespaced_service_account_token(
+        "gpu-scheduler-certs", NAMESPACE, {"spec": {"expirationSeconds": 600}}
+    ).status.token
+    kubeconfig = cluster.kubeconfig_with_token("certs-controller", token)
+    command = [sys.executable, "-m", "gpu_scheduler.cli", "certs", "controller", "--once"]
+    done = subprocess.run(
+        [*command, "--namespace", NAMESPACE, "--kubeconfig", str(kubeconfig), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [line for line in done.stderr.splitlines() if "certificates:" in line]
+
+
+def test_helm_install_makes_its_certificates_inside_the_cluster(
+    fresh_cluster, helm_binary, tmp_path
+):
+    """The default install (certificates.mode internal) with nothing but helm: the
+    certificate controller, with its own RBAC, makes the CA and the three pairs,
+    injects the caBundle and rolls kube-scheduler; a second pass changes nothing. Then
+    an upgrade to mode external hands the certificates to deploy/install-certs.sh."""
     import base64
 
     from kubernetes import client
@@ -183,7 +221,7 @@ def test_helm_install_then_install_certs(fresh_cluster, helm_binary, tmp_path):
         "--create-namespace",
         f"--kubeconfig={cluster.kubeconfig}",
     )
-    assert "STATUS: deployed" in out, out
+    assert "STATUS: deployed" in out and "gpu-scheduler-certs controller" in out, out
     api = cluster.api_client()
     # kube-scheduler's image follows the cluster it was installed into.
     version = client.VersionApi(api).get_code().git_version
@@ -205,20 +243,60 @@ def test_helm_install_then_install_certs(fresh_cluster, helm_binary, tmp_path):
     (hook,) = admission.read_mutating_webhook_configuration("gpu-scheduler-webhook").webhooks
     assert hook.client_config.service.namespace == NAMESPACE and not hook.client_config.ca_bundle
 
-    # deploy/install-certs.sh against it, twice: the second run keeps everything.
-    certs = tmp_path / "certs-out"
-    for _ in range(2):
-        done = install_certs(cluster, certs, tmp_path / "bin")
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert "rollout restart" not in done.stdout
     core = client.CoreV1Api(api)
+    first = _controller(cluster, core, tmp_path)
+    assert any("wrote Secret gpu-scheduler-ca" in line for line in first), first
+    ca = _secret_files(core, "gpu-scheduler-ca")
+    assert set(ca) == {"ca.crt", "ca.key"}
+    pairs = {}
     for name in ("webhook", "extender", "scheduler"):
         secret = core.read_namespaced_secret(f"gpu-scheduler-{name}-tls", NAMESPACE)
         assert secret.type == "kubernetes.io/tls"
-        assert base64.b64decode(secret.data["tls.crt"]) == (certs / name / "tls.crt").read_bytes()
-        assert base64.b64decode(secret.data["ca.crt"]) == (certs / "ca" / "ca.crt").read_bytes()
+        pairs[name] = _secret_files(core, f"gpu-scheduler-{name}-tls")
+        assert pairs[name]["ca.crt"] == ca["ca.crt"]
     (hook,) = admission.read_mutating_webhook_configuration("gpu-scheduler-webhook").webhooks
-    assert base64.b64decode(hook.client_config.ca_bundle) == (certs / "ca" / "ca.crt").read_bytes()
+    assert base64.b64decode(hook.client_config.ca_bundle) == ca["ca.crt"]
+    rolled = apps.read_namespaced_deployment("gpu-scheduler", NAMESPACE)
+    fingerprint = rolled.spec.template.metadata.annotations["gpu-scheduler.io/client-pair-sha256"]
+    assert _controller(cluster, core, tmp_path) == []  # nothing to do the second time
+    assert _secret_files(core, "gpu-scheduler-scheduler-tls") == pairs["scheduler"]
+    again = apps.read_namespaced_deployment("gpu-scheduler", NAMESPACE)
+    assert again.spec.template.metadata.annotations == rolled.spec.template.metadata.annotations
+    assert len(fingerprint) == 64
+    certs = tmp_path / "from-controller" / "scheduler"
+    certs.mkdir(parents=True)
+    for key, data in pairs["scheduler"].items():
+        (certs / key).write_bytes(data)
+
+    # mode external: the controller goes with the upgrade; deploy/install-certs.sh
+    # takes over, twice: the second run keeps everything.
+    _run(
+        helm_binary,
+        "helm",
+        "upgrade",
+        "gpu-scheduler",
+        str(CHART),
+        "-n",
+        NAMESPACE,
+        "--set",
+        "certificates.mode=external",
+        f"--kubeconfig={cluster.kubeconfig}",
+    )
+    assert not apps.list_namespaced_deployment(
+        NAMESPACE, field_selector="metadata.name=gpu-scheduler-certs"
+    ).items
+    external = tmp_path / "certs-out"
+    for _ in range(2):
+        done = install_certs(cluster, external, tmp_path / "bin")
+        assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("webhook", "extender", "scheduler"):
+        files = _secret_files(core, f"gpu-scheduler-{name}-tls")
+        assert files["tls.crt"] == (external / name / "tls.crt").read_bytes()
+        assert files["ca.crt"] == (external / "ca" / "ca.crt").read_bytes()
+    (hook,) = admission.read_mutating_webhook_configuration("gpu-scheduler-webhook").webhooks
+    assert (
+        base64.b64decode(hook.client_config.ca_bundle) == (external / "ca" / "ca.crt").read_bytes()
+    )
 
     # The rendered KubeSchedulerConfiguration is one this minor's kube-scheduler runs
     # with: it builds the extender client from it (reading the certificate files),
@@ -229,7 +307,7 @@ def test_helm_install_then_install_certs(fresh_cluster, helm_binary, tmp_path):
     tls = parsed["extenders"][0]["tlsConfig"]
     for field, name in (("certFile", "tls.crt"), ("keyFile", "tls.key"), ("caFile", "ca.crt")):
         assert tls[field] == f"/etc/gpu-scheduler/tls/{name}"
-        tls[field] = str(certs / "scheduler" / name)
+        tls[field] = str(certs / name)
     cluster.start_scheduler("gpu-scheduler-from-chart", parsed)
     time.sleep(3)  # its informers list every kind it schedules with
     log = cluster.processes["gpu-scheduler-from-chart"].log_path.read_text()
@@ -237,14 +315,85 @@ def test_helm_install_then_install_certs(fresh_cluster, helm_binary, tmp_path):
     cluster.stop_process("gpu-scheduler-from-chart")
 
 
+def _gpu_pod_admitted(api: Any) -> str | None:
+    """None when a GPU pod is created (then deleted); else the API server's refusal."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "after-uninstall-"},
+        "spec": {
+            "containers": [
+                {"name": "c", "image": "pause", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+            ]
+        },
+    }
+    core = client.CoreV1Api(api)
+    try:
+        pod = core.create_namespaced_pod("default", body)
+    except ApiException as exc:
+        return str(exc.body)[:300]
+    core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
+    return None
+
+
+def test_uninstall_leaves_nothing_that_refuses_pods(fresh_cluster, helm_binary):
+    """`helm uninstall` (Helm deletes the MutatingWebhookConfiguration before the
+    webhook's Service and pods) and `kubectl delete -k deploy/` each leave no webhook
+    behind: a GPU pod that the installed webhook refused (it has no endpoint here) is
+    created once they are done."""
+    from kubernetes import client
+
+    cluster = fresh_cluster
+    api = cluster.api_client()
+    admission = client.AdmissionregistrationV1Api(api)
+
+    def webhooks() -> list[str]:
+        items = admission.list_mutating_webhook_configuration().items
+        return [c.metadata.name for c in items if c.metadata.name.startswith("gpu-scheduler")]
+
+    assert webhooks() == ["gpu-scheduler-webhook"]  # installed by the test before
+    assert "gpu-scheduler-webhook" in (_gpu_pod_admitted(api) or "")
+    out = _run(
+        helm_binary,
+        "helm",
+        "uninstall",
+        "gpu-scheduler",
+        "-n",
+        NAMESPACE,
+        "--wait",
+        f"--kubeconfig={cluster.kubeconfig}",
+    )
+    assert "uninstalled" in out, out
+    assert webhooks() == []
+    assert _gpu_pod_admitted(api) is None
+    # kubectl: the same install from deploy/, then its deletion.
+    kubectl = ["kubectl", f"--kubeconfig={cluster.kubeconfig}"]
+    _run(cluster.binary, *kubectl, "apply", "--server-side", "-k", str(ROOT / "deploy"))
+    assert webhooks() == ["gpu-scheduler-webhook"]
+    assert _gpu_pod_admitted(api) is not None
+    _run(cluster.binary, *kubectl, "delete", "--wait=false", "-k", str(ROOT / "deploy"))
+    assert webhooks() == []
+    assert _gpu_pod_admitted(api) is None
+    cluster_scoped = [
+        ("ClusterRole", client.RbacAuthorizationV1Api(api).list_cluster_role),
+        ("ClusterRoleBinding", client.RbacAuthorizationV1Api(api).list_cluster_role_binding),
+    ]
+    for kind, lister in cluster_scoped:
+        left = [o.metadata.name for o in lister().items if o.metadata.name.startswith("gpu-sched")]
+        assert left == [], (kind, left)
+
+
 def test_kustomize_users_pin_the_scheduler_to_their_cluster(control_plane_binary, tmp_path):
     """The README's overlay for kustomize users: kube-scheduler's image set to the
     cluster's version."""
     import re as _re
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "install" / "README.md").read_text()
     block = _re.search(r"```yaml\n(# kustomization.yaml: kube-scheduler.*?)```", readme, _re.S)
-    assert block, "README: the kube-scheduler version overlay"
+    assert block, "docs/install/README.md: the kube-scheduler version overlay"
     overlay = yaml.safe_load(block[1])
     import os
 
@@ -257,3 +406,203 @@ def test_kustomize_users_pin_the_scheduler_to_their_cluster(control_plane_binary
     wanted = overlay["images"][0]
     assert scheduler_image(docs) == f"{wanted['name']}:{wanted['newTag']}"
     assert scheduler_image(docs) != base_scheduler_image()
+
+
+def _fails(binary, *args: str) -> str:
+    import subprocess
+
+    done = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0, f"{' '.join(args)} rendered"
+    return done.stderr
+
+
+def _kustomize_with(binary, tmp_path, *components: str) -> list[dict[str, Any]]:
+    """deploy/ with ``components`` (folders under deploy/), as an admin's overlay."""
+    import os
+
+    folder = tmp_path / ("overlay-" + "-".join(c.replace("/", "_") for c in components))
+    folder.mkdir()
+    overlay = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(ROOT / "deploy", folder)],
+        "components": [os.path.relpath(ROOT / "deploy" / c, folder) for c in components],
+    }
+    (folder / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    return [d for d in yaml.safe_load_all(_run(binary, "kubectl", "kustomize", str(folder))) if d]
+
+
+AGENT = ("DaemonSet", NAMESPACE, "gpu-scheduler-agent")
+
+
+@pytest.mark.parametrize(
+    ("values", "components"),
+    [
+        ([], []),  # auto, without a cluster: eks, as the base
+        (["--set", "agent.platform=eks"], []),
+        (["--set", "agent.platform=gpu-operator"], ["agent/platform/gpu-operator"]),
+        (["--set", "agent.platform=gke"], ["agent/platform/gke"]),
+        # auto on a GKE cluster (its version says so): gke.
+        (["--kube-version", "v1.34.4-gke.1200"], ["agent/platform/gke"]),
+    ],
+    ids=["auto", "eks", "gpu-operator", "gke", "auto-on-gke"],
+)
+def test_each_agent_platform_renders_as_its_component(
+    control_plane_binary, helm_binary, tmp_path, values, components
+):
+    """The chart's agent.platform and deploy/'s components make one DaemonSet."""
+    chart = _normalise(helm_template(helm_binary, *values))[AGENT]
+    kustomize = _normalise(_kustomize_with(control_plane_binary, tmp_path, *components))[AGENT]
+    assert chart == kustomize
+    spec = chart["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    platform = components[0].rsplit("/", 1)[1] if components else "eks"
+    assert spec.get("runtimeClassName") == ("nvidia" if platform == "gpu-operator" else None)
+    if platform == "gke":
+        assert env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"
+        assert "NVIDIA_VISIBLE_DEVICES" not in env
+        (host,) = [v for v in spec["volumes"] if "hostPath" in v]
+        assert host["hostPath"] == {"path": "/home/kubernetes/bin/nvidia", "type": "Directory"}
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == host["name"]]
+        assert mount == {**mount, "mountPath": "/usr/local/nvidia", "readOnly": True}
+        assert container["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True}
+        assert spec["securityContext"]["runAsNonRoot"] is True  # still user 65532
+    else:
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+        assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+        assert "LD_LIBRARY_PATH" not in env
+        assert not [v for v in spec["volumes"] if "hostPath" in v]
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert "privileged" not in container["securityContext"]
+
+
+def test_an_unknown_agent_platform_fails_the_install(helm_binary):
+    for verb in ("template", "install"):
+        args = ["helm", verb, "gpu-scheduler", str(CHART), "--set", "agent.platform=aks"]
+        if verb == "install":
+            args += ["--dry-run=client"]
+        err = _fails(helm_binary, *args)
+        assert "agent.platform aks is not one of auto, gpu-operator, gke, eks" in err, err
+
+
+def _container_port(container: dict[str, Any], name: str) -> int:
+    (port,) = [p for p in container["ports"] if p["name"] == name]
+    return port["containerPort"]
+
+
+def test_host_network_renders_what_it_says(helm_binary):
+    """webhook.hostNetwork and extender.hostNetwork with their ports: the pods in the
+    node's network on those ports (containerPort = hostPort), one a node, resolving
+    cluster names; the Services, probes, arguments and NetworkPolicies follow; the
+    webhook's clientConfig and kube-scheduler's URL still name the Services."""
+    docs = {
+        _key(d): d
+        for d in helm_template(
+            helm_binary,
+            *("--set", "webhook.hostNetwork=true", "--set", "webhook.port=9443"),
+            *("--set", "extender.hostNetwork=true", "--set", "extender.port=9888"),
+            *("--set", "extender.opsPort=9889"),
+        )
+    }
+    ports = {
+        "gpu-scheduler-webhook": {"https": 9443},
+        "gpu-scheduler-extender": {"https": 9888, "metrics": 9889},
+    }
+    for name, wanted in ports.items():
+        deployment = docs[("Deployment", NAMESPACE, name)]
+        spec = deployment["spec"]["template"]["spec"]
+        assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+        (container,) = spec["containers"]
+        assert {p["name"]: p["containerPort"] for p in container["ports"]} == wanted
+        assert all(p["hostPort"] == p["containerPort"] for p in container["ports"])
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert _container_port(container, container[probe]["httpGet"]["port"]) in set(
+                wanted.values()
+            )
+        (term,) = spec["affinity"]["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert term == {
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": name}},
+        }
+        # A surge pod may find no node without one: the rollout lets one go first.
+        assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 1
+        service = docs[("Service", NAMESPACE, name)]
+        for port in service["spec"]["ports"]:
+            assert _container_port(container, port["targetPort"]) == wanted[port["name"]]
+        policy = docs[("NetworkPolicy", NAMESPACE, name)]
+        assert {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]} == set(
+            wanted.values()
+        )
+    webhook = docs[("Deployment", NAMESPACE, "gpu-scheduler-webhook")]["spec"]["template"]
+    args = webhook["spec"]["containers"][0]["args"]
+    assert args[args.index("--port") + 1] == "9443"
+    extender = docs[("Deployment", NAMESPACE, "gpu-scheduler-extender")]["spec"]["template"]
+    args = extender["spec"]["containers"][0]["args"]
+    assert "--port=9888" in args and "--ops-port=9889" in args
+    (hook,) = docs[("MutatingWebhookConfiguration", "", "gpu-scheduler-webhook")]["webhooks"]
+    service = docs[("Service", NAMESPACE, "gpu-scheduler-webhook")]
+    assert hook["clientConfig"]["service"]["name"] == service["metadata"]["name"]
+    assert hook["clientConfig"]["service"]["port"] == service["spec"]["ports"][0]["port"] == 443
+    config = yaml.safe_load(
+        docs[("ConfigMap", NAMESPACE, "gpu-scheduler-config")]["data"]["scheduler-config.yaml"]
+    )
+    url = config["extenders"][0]["urlPrefix"]
+    assert url == f"https://gpu-scheduler-extender.{NAMESPACE}.svc:8888"
+    extender_service = docs[("Service", NAMESPACE, "gpu-scheduler-extender")]
+    assert 8888 in {p["port"] for p in extender_service["spec"]["ports"]}
+    # Off (the default): none of it.
+    plain = {_key(d): d for d in helm_template(helm_binary)}
+    spec = plain[("Deployment", NAMESPACE, "gpu-scheduler-webhook")]["spec"]["template"]["spec"]
+    assert "hostNetwork" not in spec and "affinity" not in spec
+    assert "hostPort" not in spec["containers"][0]["ports"][0]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["--set", "webhook.hostNetwork=true", "--set", "webhook.port=10250"],
+        ["--set", "webhook.hostNetwork=true", "--set", "webhook.port=443"],
+        ["--set", "extender.hostNetwork=true", "--set", "extender.port=30080"],
+        ["--set", "extender.opsPort=8888"],
+    ],
+    ids=["kubelet", "privileged", "nodeport", "same"],
+)
+def test_ports_that_would_clash_fail_the_install(helm_binary, values):
+    err = _fails(helm_binary, "helm", "template", "x", str(CHART), *values)
+    assert "hostNetwork" in err or "must differ" in err, err
+
+
+def test_host_network_and_gke_pods_are_valid(fresh_cluster, helm_binary, tmp_path):
+    """The API server takes the pod templates that the options render (server-side dry
+    run, in a namespace of their own): the webhook and extender in the node's network,
+    the agent of the gke platform."""
+    from kubernetes import client
+
+    namespace = "gpu-hostnet"
+    core = client.CoreV1Api(fresh_cluster.api_client())
+    if not core.list_namespace(field_selector=f"metadata.name={namespace}").items:
+        core.create_namespace({"metadata": {"name": namespace}})
+    docs = [
+        d
+        for d in yaml.safe_load_all(
+            _run(
+                helm_binary,
+                *("helm", "template", "x", str(CHART), "-n", namespace),
+                *("--set", "webhook.hostNetwork=true", "--set", "extender.hostNetwork=true"),
+                *("--set", "agent.platform=gke"),
+            )
+        )
+        if d and d["kind"] in ("Deployment", "DaemonSet")
+    ]
+    assert len(docs) >= 4
+    path = tmp_path / "pods.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    out = _run(
+        fresh_cluster.binary,
+        *("kubectl", f"--kubeconfig={fresh_cluster.kubeconfig}", "create", "--dry-run=server"),
+        *("-f", str(path), "-o", "name"),
+    )
+    assert out.count("\n") == len(docs), out

@@ -108,7 +108,7 @@ def install_rbac(stack):
 def test_every_account_of_the_install_has_a_table():
     built = yaml.safe_load_all((ROOT / "deploy" / "webhook" / "deployment.yaml").read_text())
     accounts = {"default"}  # the webhook's pods run as the namespace's default account
-    for folder in ("scheduler", "extender", "agent"):
+    for folder in ("scheduler", "extender", "agent", "certs"):
         text = (ROOT / "deploy" / folder / "rbac.yaml").read_text()
         accounts |= {
             d["metadata"]["name"]

@@ -1,19 +1,28 @@
 """The install on a real node: containerd, runc, CNI and a kubelet (lab.realnode).
 
-deploy/ is applied as shipped with only a local overlay (our image's local name; the
-agent's fake GPU inventory from a ConfigMap and the capacity component, since the
-node has neither GPUs nor a device plugin; kube-scheduler and extender Deployments
-at 0 replicas: the lab runs those two from the host). Then, with our images running
-as pods:
+The README's install commands run as written, on a control plane with nothing
+installed: `helm install ... --wait` of this checkout's chart (the README's chart
+reference replaced by it, plus the lab's values: our image's local name, the agent's
+fake GPU inventory and capacity, since the node has neither GPUs nor a device plugin,
+and kube-scheduler and extender Deployments at 0 replicas, since the lab has no
+Service proxy nor cluster DNS and runs those two from the host). Then, with our
+images running as pods:
 
+- the certificate controller's pod makes the CA and the pairs inside the cluster
+  and injects the webhook's caBundle (no tool runs on the host);
 - the agent DaemonSet's pod runs on the node and publishes its labels, annotations,
   heartbeat and capacity with its in-cluster token (through the confinement policy);
 - the webhook Deployment's pods serve admission through their Service;
-- a GPU pod created through the API is mutated by them, placed on the node by our
-  profile, runs, succeeds, and the extender counts its GPU free again.
+- the README's GPU pod is placed on the node by our profile and runs, and a job pod
+  runs, succeeds, and the extender counts its GPU free again;
+- `helm uninstall` leaves nothing that refuses a pod;
+- the previous release (0.1.0, tests/fixtures/charts/, certificates from
+  deploy/install-certs.sh as its notes said) upgraded to this chart: every GPU pod
+  created meanwhile is admitted and mutated, through the certificate controller's
+  adoption of the old CA.
 
-Where the machine cannot run a real node the module says exactly what is missing and
-skips (CI: fails).
+On the newest minor and on the oldest (1.34). Where the machine cannot run a real
+node the module says exactly what is missing and skips (CI: fails).
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from gpu_scheduler import contract
 from lab import realnode
 from lab.controlplane import ROOT, start_control_plane
 from lab.stack import NAMESPACE, Stack
-from tests.e2e.kube import ensure_namespace, install_certs, read_lease, unique
+from tests.e2e.kube import ensure_namespace, read_lease, unique
 from tests.e2e.test_agent_daemonset import h100_inventory
 from tests.helpers import required, wait_for
 
@@ -43,17 +52,29 @@ NODE = "gpu-real-0"
 #: The longest a fresh install may refuse GPU pods once its certificates exist.
 WINDOW_AFTER_CERTIFICATES_S = 60
 GPUS = 2
-FAKE_GPUS = "/etc/gpu-scheduler-lab/gpus.yaml"
+FAKE_GPUS = Path("/etc/gpu-scheduler-lab/gpus.yaml")
+CHART = ROOT / "charts" / "gpu-scheduler"
+PREVIOUS_CHART = ROOT / "tests" / "fixtures" / "charts" / "gpu-scheduler-0.1.0.tgz"
+#: How the README names the chart; the lab has no registry, so this checkout's stands in.
+README_CHART = "oci://ghcr.io/gpu-scheduler/charts/gpu-scheduler"
 
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory, control_plane_binary):
+@pytest.fixture(scope="module", params=["newest", "oldest"])
+def real(request, tmp_path_factory, control_plane_binary, helm_binary):
     reason = realnode.missing()
     if reason:
         required("the real node", reason)
-    work = tmp_path_factory.mktemp("realnode")
-    cluster = start_control_plane(work / "cluster", real_node=True)
+    binary = control_plane_binary
+    if request.param == "oldest":
+        from tests.e2e.test_versions import oldest_binary
+
+        binary = oldest_binary()
+        if binary == control_plane_binary:
+            pytest.skip("the minor under test is the oldest")
+    work = tmp_path_factory.mktemp(f"realnode-{request.param}")
+    cluster = start_control_plane(work / "cluster", binary, real_node=True)
     stack = Stack(cluster, work)
+    stack.helm = helm_binary
     node = None
     try:
         stack.api = cluster.api_client()
@@ -69,58 +90,80 @@ def real(tmp_path_factory, control_plane_binary):
         cluster.stop()
         if node is not None:
             node.stop()
+        FAKE_GPUS.unlink(missing_ok=True)
         left = realnode.leftovers()
     assert left == [], f"the real node left things on the host: {left}"
 
 
-def overlay(work: Path) -> Path:
-    """deploy/ plus the lab's local settings, as an admin's overlay would add them."""
+def lab_values(work: Path, chart_version: str = "current") -> Path:
+    """What the lab adds to the README's command, as an admin's values file would."""
     name, tag = realnode.images()["GPU_SCHEDULER_IMAGE"].rsplit(":", 1)
-    folder = work / "overlay"
-    folder.mkdir()
-    (folder / "gpus.yaml").write_text(yaml.safe_dump(h100_inventory(GPUS)))
-    agent = [
-        {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--fake-gpus"},
-        {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": FAKE_GPUS},
-        {
-            "op": "add",
-            "path": "/spec/template/spec/volumes/-",
-            "value": {"name": "lab-gpus", "configMap": {"name": "gpu-scheduler-lab-gpus"}},
-        },
-        {
-            "op": "add",
-            "path": "/spec/template/spec/containers/0/volumeMounts/-",
-            "value": {"name": "lab-gpus", "mountPath": str(Path(FAKE_GPUS).parent)},
-        },
-    ]
-    not_here = [{"op": "replace", "path": "/spec/replicas", "value": 0}]
-    kustomization = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": [os.path.relpath(ROOT / "deploy", folder)],
-        "components": [os.path.relpath(ROOT / "deploy" / "agent" / "capacity", folder)],
-        "images": [{"name": "ghcr.io/gpu-scheduler/gpu-scheduler", "newName": name, "newTag": tag}],
-        "generatorOptions": {"disableNameSuffixHash": True},
-        "configMapGenerator": [
-            {"name": "gpu-scheduler-lab-gpus", "namespace": NAMESPACE, "files": ["gpus.yaml"]}
-        ],
-        "patches": [
-            {
-                "target": {"kind": "DaemonSet", "name": "gpu-scheduler-agent"},
-                "patch": yaml.safe_dump(agent),
-            },
-            {
-                "target": {"kind": "Deployment", "name": "gpu-scheduler"},
-                "patch": yaml.safe_dump(not_here),
-            },
-            {
-                "target": {"kind": "Deployment", "name": "gpu-scheduler-extender"},
-                "patch": yaml.safe_dump(not_here),
-            },
-        ],
+    FAKE_GPUS.parent.mkdir(parents=True, exist_ok=True)
+    FAKE_GPUS.write_text(yaml.safe_dump(h100_inventory(GPUS)))
+    values: dict[str, Any] = {
+        "image": {"repository": name, "tag": tag, "pullPolicy": "IfNotPresent"},
+        # The lab runs these two from the host (no Service proxy, no cluster DNS).
+        "scheduler": {"replicas": 0},
+        "extender": {"replicas": 0},
     }
-    (folder / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
-    return folder
+    if chart_version == "current":
+        values["agent"] = {
+            "capacity": True,
+            "platform": "eks",  # no RuntimeClass: the node runs plain runc
+            "extraArgs": ["--fake-gpus", str(FAKE_GPUS)],
+            "extraVolumes": [
+                {
+                    "name": "lab-gpus",
+                    "hostPath": {"path": str(FAKE_GPUS.parent), "type": "Directory"},
+                }
+            ],
+            "extraVolumeMounts": [
+                {"name": "lab-gpus", "mountPath": str(FAKE_GPUS.parent), "readOnly": True}
+            ],
+        }
+        # The kubelet here refreshes Secret volumes within seconds (syncFrequency 5s).
+        values["certificates"] = {"controller": {"settle": "15s"}}
+    else:  # 0.1.0: its agent cannot read a fake inventory; keep it off the node
+        values["agent"] = {"nodeSelector": {"gpu-scheduler.io/lab": "no-agent-here"}}
+        values["certificates"] = {"mode": "tool"}
+    path = work / f"values-{chart_version}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def readme_commands() -> list[list[str]]:
+    """The README's install block, one argv per command (continuation lines joined)."""
+    import shlex
+
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- install:start -->", 1)[1].split("<!-- install:end -->", 1)[0]
+    body = block.split("```sh\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line) for line in body.replace("\\\n", " ").splitlines() if line]
+
+
+def run_readme_command(stack: Stack, argv: list[str]) -> str:
+    """One README command against the lab: helm and kubectl are the lab's binaries,
+    the README's chart reference this checkout's chart (at the version it names)."""
+    import subprocess
+
+    tool, *args = argv
+    assert tool in ("helm", "kubectl"), argv
+    if tool == "helm":
+        at = args.index(README_CHART)
+        version = args[args.index("--version") + 1]
+        chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+        assert version == chart["version"], f"README installs {version}, the chart is {chart}"
+        args[at] = str(CHART)
+        args += ["-f", str(lab_values(stack.workdir)), "--timeout", "6m"]
+        binary = stack.helm
+    else:
+        binary = stack.cluster.binary
+    env = {**os.environ, "KUBECONFIG": str(stack.cluster.kubeconfig)}
+    done = subprocess.run(
+        [str(binary), tool, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=420
+    )
+    assert done.returncode == 0, f"{argv}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
 
 
 @dataclass
@@ -180,18 +223,19 @@ PROBE: dict[str, AdmissionProbe] = {}
 
 
 def install(stack: Stack, work: Path) -> None:
-    cluster = stack.cluster
+    """The README's first command (helm install --wait), timed, from nothing."""
     probe = PROBE["install"] = AdmissionProbe(stack.api).start()
-    # The agent's DaemonSet asks for the NVIDIA container runtime by RuntimeClass;
-    # here plain runc stands in for it (there is no GPU to hand to the container).
-    client.NodeV1Api(stack.api).create_runtime_class(
-        client.V1RuntimeClass(metadata=client.V1ObjectMeta(name="nvidia"), handler="runc")
-    )
-    cluster.k8s("kubectl", "apply", "--server-side", "-k", str(overlay(work)))
-    probe.mark("applied")
-    done = install_certs(cluster, work / "certs", work / "bin")
-    probe.mark("certificates")
-    assert done.returncode == 0, done.stdout + done.stderr
+    helm, *proof = readme_commands()
+    started = time.monotonic()
+    out = run_readme_command(stack, helm)
+    PROBE["install"].mark("applied")
+    assert "STATUS: deployed" in out, out
+    stack.install_s = time.monotonic() - started
+    stack.proof = proof
+    admission = client.AdmissionregistrationV1Api(stack.api)
+    config = admission.read_mutating_webhook_configuration("gpu-scheduler-webhook")
+    assert all(hook.client_config.ca_bundle for hook in config.webhooks)
+    probe.mark("certificates")  # --wait returned: the controller was Ready, so injected
 
 
 def pods(stack: Stack, selector: str) -> list[Any]:
@@ -201,6 +245,27 @@ def pods(stack: Stack, selector: str) -> list[Any]:
 def running_ready(pod: Any) -> bool:
     ready = [c.status for c in pod.status.conditions or [] if c.type == "Ready"]
     return pod.status.phase == "Running" and ready == ["True"]
+
+
+def test_the_certificate_controller_runs_as_a_pod_and_keeps_the_ca_inside(real):
+    """The install's certificates come from its own pod: a CA in the Secret
+    gpu-scheduler-ca, the leaves it signs, the pod Ready; nothing was made on the host."""
+    import base64
+
+    core = client.CoreV1Api(real.api)
+    (pod,) = pods(real, "app.kubernetes.io/name=gpu-scheduler-certs")
+    wait_for(
+        lambda: running_ready(core.read_namespaced_pod(pod.metadata.name, NAMESPACE)),
+        120,
+        "the certificate controller's pod Ready",
+        1,
+    )
+    ca = core.read_namespaced_secret("gpu-scheduler-ca", NAMESPACE).data
+    for name in ("webhook", "extender", "scheduler"):
+        leaf = core.read_namespaced_secret(f"gpu-scheduler-{name}-tls", NAMESPACE).data
+        assert base64.b64decode(leaf["ca.crt"]) == base64.b64decode(ca["ca.crt"])
+    log = core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE)
+    assert "wrote Secret gpu-scheduler-ca" in log, log[-2000:]
 
 
 def test_agent_pod_runs_on_the_real_node_and_publishes(real):
@@ -341,3 +406,173 @@ def test_gpu_pod_mutated_by_the_webhook_pod_placed_run_and_released(real):
         lambda: extender_filter()["NodeNames"] == [NODE], 30, "the extender to free the GPU", 0.5
     )
     assert core.read_namespaced_pod_log(name, namespace).strip() == "done"
+
+
+def test_the_readme_pod_proves_the_install(real):
+    """The README's commands after the install, as written: its GPU pod runs on the
+    node, and its Events say why that node."""
+    apply, get_pod, get_events = real.proof
+    core = client.CoreV1Api(real.api)
+    out = run_readme_command(real, apply)
+    assert "pod/gpu-check created" in out, out
+    try:
+        wait_for(
+            lambda: core.read_namespaced_pod("gpu-check", "default").status.phase == "Running",
+            120,
+            "the README's GPU pod Running",
+            0.5,
+        )
+        out = run_readme_command(real, get_pod)
+        assert "Running" in out and NODE in out, out
+        wait_for(
+            lambda: "gpu-check" in run_readme_command(real, get_events),
+            30,
+            "the README pod's GPUPlacement Event",
+            1,
+        )
+    finally:
+        core.delete_namespaced_pod("gpu-check", "default", grace_period_seconds=0)
+    print(f"\nhelm install --wait from nothing: {real.install_s:.1f} s")
+
+
+def _gpu_pod_body(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "c",
+                    "image": realnode.EXAMPLE_IMAGE,
+                    "resources": {"limits": {contract.RESOURCE_GPU: "1"}},
+                }
+            ],
+        },
+    }
+
+
+@dataclass
+class UpgradeProbe:
+    """A GPU pod created (dry run) every 0.2 s: each must be admitted and mutated."""
+
+    api: Any
+    stop: threading.Event = field(default_factory=threading.Event)
+    outcomes: list[tuple[float, str, str]] = field(default_factory=list)
+    thread: threading.Thread | None = None
+
+    def start(self) -> UpgradeProbe:
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        core = client.CoreV1Api(self.api)
+        started = time.monotonic()
+        while not self.stop.is_set():
+            at = time.monotonic() - started
+            try:
+                pod = core.create_namespaced_pod("default", _gpu_pod_body("upgrade"), dry_run="All")
+            except ApiException as exc:
+                self.outcomes.append((at, "refused", str(exc.body)[:300]))
+            else:
+                mutated = pod.spec.scheduler_name == contract.SCHEDULER_NAME
+                self.outcomes.append((at, "mutated" if mutated else "unmutated", ""))
+            self.stop.wait(0.2)
+
+    def finish(self) -> list[tuple[float, str, str]]:
+        self.stop.set()
+        assert self.thread is not None
+        self.thread.join(10)
+        return [o for o in self.outcomes if o[1] != "mutated"]
+
+
+def test_upgrade_from_the_previous_release_keeps_gpu_pods_placeable(real, tmp_path):
+    """Uninstall leaves nothing that refuses a pod; then the previous release (0.1.0,
+    its certificates from deploy/install-certs.sh), upgraded to this chart while GPU
+    pods are created: every one admitted and mutated, through the certificate
+    controller's adoption of the old CA to its end, and a GPU pod placed after it."""
+    from tests.e2e.kube import install_certs
+
+    core = client.CoreV1Api(real.api)
+    helm = [str(real.helm), "helm", f"--kubeconfig={real.cluster.kubeconfig}", "-n", NAMESPACE]
+
+    def run(*args: str, timeout: float = 420) -> str:
+        import subprocess
+
+        done = subprocess.run([*helm, *args], capture_output=True, text=True, timeout=timeout)
+        assert done.returncode == 0, f"{args}:\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    run("uninstall", "gpu-scheduler", "--wait")
+    admission = client.AdmissionregistrationV1Api(real.api)
+    names = [c.metadata.name for c in admission.list_mutating_webhook_configuration().items]
+    assert "gpu-scheduler-webhook" not in names
+    created = core.create_namespaced_pod("default", _gpu_pod_body("after-uninstall"), dry_run="All")
+    assert created.spec.scheduler_name != contract.SCHEDULER_NAME  # no webhook: unmutated
+    # The controller's Secrets are not the release's: an admin deletes the namespace.
+    core.delete_namespace(NAMESPACE)
+    wait_for(
+        lambda: NAMESPACE not in [n.metadata.name for n in core.list_namespace().items],
+        120,
+        "the namespace gone",
+        1,
+    )
+    run("install", "gpu-scheduler", str(PREVIOUS_CHART), "--create-namespace",
+        "-f", str(lab_values(real.workdir, "0.1.0")))  # fmt: skip
+    done = install_certs(real.cluster, tmp_path / "certs-out", tmp_path / "bin")
+    assert done.returncode == 0, done.stdout + done.stderr
+    wait_for(
+        lambda: (
+            sum(
+                running_ready(p) for p in pods(real, "app.kubernetes.io/name=gpu-scheduler-webhook")
+            )
+            == 2
+        ),
+        180,
+        "0.1.0's webhook pods Ready",
+        1,
+    )
+    probe = UpgradeProbe(real.api)
+    wait_for(
+        lambda: (
+            core.create_namespaced_pod(
+                "default", _gpu_pod_body("v1"), dry_run="All"
+            ).spec.scheduler_name
+            == contract.SCHEDULER_NAME
+        ),
+        60,
+        "0.1.0 admitting GPU pods",
+        0.5,
+    )
+    probe.start()
+    started = time.monotonic()
+    run("upgrade", "gpu-scheduler", str(CHART), "--wait", "--timeout", "6m",
+        "-f", str(lab_values(real.workdir)))  # fmt: skip
+    upgraded = time.monotonic() - started
+
+    def adopted() -> bool:
+        ca = core.read_namespaced_secret("gpu-scheduler-ca", NAMESPACE).data or {}
+        return "ca.key" in ca and "ca-previous.crt" not in ca
+
+    wait_for(adopted, 180, "the controller's adoption of the old CA to finish", 1)
+    time.sleep(10)  # the webhook pods read the last bundle's leaves
+    bad = probe.finish()
+    total = len(probe.outcomes)
+    print(f"\nupgrade 0.1.0 -> this chart: helm upgrade --wait {upgraded:.1f} s; adoption done "
+          f"{time.monotonic() - started:.1f} s after it began; {total} GPU pods created, "
+          f"{len(bad)} not admitted and mutated: {bad[:3]}")  # fmt: skip
+    assert total > 50 and bad == []
+    name = unique("after-upgrade")
+    core.create_namespaced_pod("default", _gpu_pod_body(name))
+    try:
+        wait_for(
+            lambda: core.read_namespaced_pod(name, "default").status.phase == "Running",
+            120,
+            "a GPU pod Running after the upgrade",
+            0.5,
+        )
+        assert core.read_namespaced_pod(name, "default").spec.node_name == NODE
+    finally:
+        core.delete_namespaced_pod(name, "default", grace_period_seconds=0)

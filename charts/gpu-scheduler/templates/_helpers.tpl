@@ -78,3 +78,60 @@ minor older (Kubernetes' version-skew policy for kube-scheduler). */}}
 {{- end -}}
 {{ .Values.scheduler.image.repository }}:{{ $tag }}
 {{- end }}
+
+{{/* nodeSelector, tolerations and affinity of a Deployment that may run in the node's
+network (webhook, extender): with hostNetwork, required pod anti-affinity on the
+hostname is added to the values' affinity, so two replicas never meet on one node's
+port. Takes (dict "values" .Values.<component> "name" <app.kubernetes.io/name>). */}}
+{{- define "gpu-scheduler.hostPlacement" -}}
+{{- $v := .values -}}
+{{- $affinity := deepCopy ($v.affinity | default dict) -}}
+{{- if $v.hostNetwork -}}
+{{- $anti := $affinity.podAntiAffinity | default dict -}}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" (dict "app.kubernetes.io/name" .name)) -}}
+{{- $terms := append ($anti.requiredDuringSchedulingIgnoredDuringExecution | default list) $term -}}
+{{- $_ := set $anti "requiredDuringSchedulingIgnoredDuringExecution" $terms -}}
+{{- $_ := set $affinity "podAntiAffinity" $anti -}}
+{{- end -}}
+{{- include "gpu-scheduler.placement" (dict "nodeSelector" $v.nodeSelector "tolerations" $v.tolerations "affinity" $affinity) -}}
+{{- if $v.hostNetwork }}
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+{{- end }}
+{{- end }}
+
+{{/* A port a component listens on; in the node's network (hostNetwork) it must not be
+privileged, in the NodePort range, or one the kubelet, kube-proxy, etcd or a common
+node agent or CNI holds. Takes (dict "what" <value name> "port" <n> "host" <bool>). */}}
+{{- define "gpu-scheduler.checkPort" -}}
+{{- $port := int .port -}}
+{{- if or (lt $port 1) (gt $port 65535) -}}
+{{- fail (printf "%s: %v is not a TCP port" .what .port) -}}
+{{- end -}}
+{{- if .host -}}
+{{- $taken := list 2379 2380 4240 4244 5473 9099 9100 9808 10248 10249 10250 10255 10256 10257 10259 61678 61679 -}}
+{{- if or (lt $port 1024) (and (ge $port 30000) (le $port 32767)) (has $port $taken) -}}
+{{- fail (printf "%s: %d cannot be used with hostNetwork: it is privileged (below 1024), in the NodePort range (30000-32767), or held on nodes by the kubelet, kube-proxy, etcd, node-exporter or a CNI (%s)" .what $port (join ", " $taken)) -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/* The agent's platform (agent.platform): gpu-operator, gke or eks; auto resolved
+at install by a lookup of the RuntimeClass and the cluster's version. An unknown value
+fails the install. */}}
+{{- define "gpu-scheduler.agentPlatform" -}}
+{{- $platform := .Values.agent.platform -}}
+{{- $known := list "auto" "gpu-operator" "gke" "eks" -}}
+{{- if not (has $platform $known) -}}
+{{- fail (printf "agent.platform %v is not one of %s: gpu-operator (the NVIDIA container runtime as RuntimeClass %s), eks (nvidia is the nodes' default runtime), gke (Google's drivers from the host), auto (the first that fits the cluster)" $platform (join ", " $known) .Values.agent.runtimeClassName) -}}
+{{- end -}}
+{{- if ne $platform "auto" -}}
+{{ $platform }}
+{{- else if and .Values.agent.runtimeClassName (lookup "node.k8s.io/v1" "RuntimeClass" "" .Values.agent.runtimeClassName) -}}
+gpu-operator
+{{- else if contains "-gke." .Capabilities.KubeVersion.Version -}}
+gke
+{{- else -}}
+eks
+{{- end -}}
+{{- end }}
