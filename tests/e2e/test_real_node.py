@@ -576,3 +576,98 @@ def test_upgrade_from_the_previous_release_keeps_gpu_pods_placeable(real, tmp_pa
         assert core.read_namespaced_pod(name, "default").spec.node_name == NODE
     finally:
         core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+
+
+def kustomize_overlay(work: Path) -> Path:
+    """deploy/ plus the lab's settings, as an admin's overlay would add them: the same
+    as lab_values() gives the chart."""
+    name, tag = realnode.images()["GPU_SCHEDULER_IMAGE"].rsplit(":", 1)
+    folder = work / "overlay"
+    folder.mkdir(exist_ok=True)
+    lab_values(work)  # writes the fake inventory
+    agent = [
+        {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--fake-gpus"},
+        {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": str(FAKE_GPUS)},
+        {
+            "op": "add",
+            "path": "/spec/template/spec/volumes/-",
+            "value": {
+                "name": "lab-gpus",
+                "hostPath": {"path": str(FAKE_GPUS.parent), "type": "Directory"},
+            },
+        },
+        {
+            "op": "add",
+            "path": "/spec/template/spec/containers/0/volumeMounts/-",
+            "value": {"name": "lab-gpus", "mountPath": str(FAKE_GPUS.parent), "readOnly": True},
+        },
+    ]
+    not_here = [{"op": "replace", "path": "/spec/replicas", "value": 0}]
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(ROOT / "deploy", folder)],
+        "components": [os.path.relpath(ROOT / "deploy" / "agent" / "capacity", folder)],
+        "images": [{"name": "ghcr.io/gpu-scheduler/gpu-scheduler", "newName": name, "newTag": tag}],
+        "patches": [
+            {
+                "target": {"kind": "DaemonSet", "name": "gpu-scheduler-agent"},
+                "patch": yaml.safe_dump(agent),
+            },
+            *(
+                {"target": {"kind": "Deployment", "name": n}, "patch": yaml.safe_dump(not_here)}
+                for n in ("gpu-scheduler", "gpu-scheduler-extender")
+            ),
+        ],
+    }
+    (folder / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+    return folder
+
+
+def test_kubectl_apply_k_installs_the_same_with_nothing_on_the_host(real):
+    """`kubectl apply -k` from nothing: the certificate controller's pod makes the
+    certificates, the webhook's pods serve, a GPU pod is placed and runs; then
+    `kubectl delete -k` leaves nothing that refuses a pod."""
+    core = client.CoreV1Api(real.api)
+    subprocess_run = real.cluster.k8s
+    helm = [str(real.helm), "helm", f"--kubeconfig={real.cluster.kubeconfig}", "-n", NAMESPACE]
+    import subprocess
+
+    # The release first, then its namespace (the other way round would leave the
+    # release's cluster-wide objects, its webhook configuration among them, behind).
+    subprocess.run([*helm, "uninstall", "gpu-scheduler", "--wait"], timeout=180, check=True)
+    subprocess_run("kubectl", "delete", "--wait=false", "namespace", NAMESPACE)
+    wait_for(
+        lambda: NAMESPACE not in [n.metadata.name for n in core.list_namespace().items],
+        120,
+        "the namespace gone",
+        1,
+    )
+    overlay = kustomize_overlay(real.workdir)
+    started = time.monotonic()
+    subprocess_run("kubectl", "apply", "--server-side", "-k", str(overlay))
+    wanted = {"gpu-scheduler-webhook": 2, "gpu-scheduler-certs": 1, "gpu-scheduler-agent": 1}
+
+    def ready() -> bool:
+        return all(
+            sum(running_ready(p) for p in pods(real, f"app.kubernetes.io/name={name}")) == count
+            for name, count in wanted.items()
+        )
+
+    wait_for(ready, 240, "every pod of the kustomize install Ready", 1)
+    print(f"\nkubectl apply -k until every pod Ready: {time.monotonic() - started:.1f} s")
+    name = unique("kustomize")
+    pod = core.create_namespaced_pod("default", _gpu_pod_body(name))
+    assert pod.spec.scheduler_name == contract.SCHEDULER_NAME
+    try:
+        wait_for(
+            lambda: core.read_namespaced_pod(name, "default").status.phase == "Running",
+            120,
+            "a GPU pod Running after kubectl apply -k",
+            0.5,
+        )
+    finally:
+        core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+    subprocess_run("kubectl", "delete", "--wait=false", "-k", str(overlay))
+    after = core.create_namespaced_pod("default", _gpu_pod_body("after-delete"), dry_run="All")
+    assert after.spec.scheduler_name != contract.SCHEDULER_NAME  # admitted, by no webhook
