@@ -72,8 +72,9 @@ def _configure_controller(sub: argparse._SubParsersAction) -> None:
     ctl = sub.add_parser(
         "controller",
         help="make and keep the install's certificates inside the cluster (a Deployment)",
-        description="Keep the Secrets gpu-scheduler-ca and gpu-scheduler-{webhook,extender,"
-        "scheduler}-tls in NAMESPACE: a private CA (never leaves the cluster), the leaves it "
+        description="Keep the Secrets gpu-scheduler-internal-ca and "
+        "gpu-scheduler-{webhook,extender,scheduler}-tls in NAMESPACE: a private CA (never "
+        "leaves the cluster), the leaves it "
         "signs, renewed 30 days before they expire, the CA rolled over in three steps before "
         "it does; the webhook's caBundle injected; kube-scheduler rolled when its pair "
         "changes. /readyz is 200 once everything is in place.",
@@ -82,7 +83,12 @@ def _configure_controller(sub: argparse._SubParsersAction) -> None:
     ctl.add_argument("--kubeconfig", help="default: in-cluster, else ~/.kube/config")
     ctl.add_argument("--webhook-configuration", default="gpu-scheduler-webhook")
     ctl.add_argument("--scheduler-deployment", default="gpu-scheduler")
-    ctl.add_argument("--interval", default="1h", help="between passes (default 1h)")
+    ctl.add_argument(
+        "--interval",
+        default="1m",
+        help="between passes (default 1m: a pass is six reads, and it puts back a caBundle "
+        "someone overwrote)",
+    )
     ctl.add_argument("--days", type=int, default=365, help="leaf validity (default 365)")
     ctl.add_argument("--ca-days", type=int, default=3650, help="CA validity (default 3650)")
     ctl.add_argument(

@@ -35,6 +35,8 @@ TIMEOUT = (5, 30)
 #: rolls them (kubectl rollout restart's way), and a restart that failed is redone.
 FINGERPRINT = "gpu-scheduler.io/client-pair-sha256"
 RETRY_S = 5.0
+#: The field manager its writes are recorded under.
+MANAGER = "gpu-scheduler-certs"
 #: Webhooks merge by name, pod template annotations by key: nothing else is touched.
 STRATEGIC = "application/strategic-merge-patch+json"
 
@@ -74,28 +76,35 @@ class Controller:
         self.admission = client.AdmissionregistrationV1Api(api)
         self.targets = targets
         self.settings = settings
-        self.synced = threading.Event()
         self.problem = "no pass yet"
+        #: The last pass published everything, kube-scheduler's rollout included; until
+        #: one does, a rollover under way holds its next step (reconcile's ``hold``).
+        self.complete = False
 
     def ready(self) -> tuple[bool, str]:
-        return (True, "certificates in place") if self.synced.is_set() else (False, self.problem)
+        """Ready while the last pass left the Secrets and the caBundle in place."""
+        return (not self.problem, self.problem or "certificates in place")
 
     def sync(self, now: dt.datetime | None = None) -> float | None:
         """One pass; returns how soon (seconds) the next one should come, or None for
         the regular interval."""
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
 
+        hold, self.complete = not self.complete, False
         try:
-            current, versions, step_at = self._read()
-            outcome = reconcile.reconcile(current, step_at, self.settings, now)
+            current, secrets, step_at = self._read()
+            outcome = reconcile.reconcile(current, step_at, self.settings, now, hold=hold)
             for name in outcome.changed:
-                self._write(name, outcome, versions.get(name))
+                self._write(name, outcome, secrets.get(name))
             self._publish_metrics(outcome)
             injected = self._inject_ca_bundle(outcome.bundle)
-            self._roll_scheduler(_fingerprint(outcome.secrets[reconcile.SCHEDULER_SECRET]))
-        except ApiException as exc:
-            self.problem = f"API error {exc.status}: {exc.reason}"
-            log.warning("certificate pass failed", extra={"error": self.problem})
+            pair = _fingerprint(outcome.secrets[reconcile.SCHEDULER_SECRET])
+            rolled_out = self._roll_scheduler(pair)
+        except (ApiException, HTTPError, OSError) as exc:
+            reason = f"{exc.status}: {exc.reason}" if isinstance(exc, ApiException) else exc
+            self.problem = f"API error {reason}"
+            log.warning("certificate pass failed", extra={"error": str(self.problem)[:512]})
             SYNCS.labels("error").inc()
             return RETRY_S
         for action in outcome.actions:
@@ -107,17 +116,19 @@ class Controller:
             SYNCS.labels("waiting").inc()
             return RETRY_S
         self.problem = ""
-        self.synced.set()
+        self.complete = rolled_out
         SYNCS.labels("ok").inc()
+        if not rolled_out:
+            return RETRY_S
         if outcome.next_step_at is not None:
             return max(1.0, (outcome.next_step_at - _now(now)).total_seconds())
         return None
 
-    def _read(self) -> tuple[dict[str, dict[str, bytes]], dict[str, str], str | None]:
+    def _read(self) -> tuple[dict[str, dict[str, bytes]], dict[str, Any], str | None]:
         from kubernetes.client.exceptions import ApiException
 
         current: dict[str, dict[str, bytes]] = {}
-        versions: dict[str, str] = {}
+        secrets: dict[str, Any] = {}
         step_at = None
         for name in (reconcile.CA_SECRET, *reconcile.LEAVES):
             try:
@@ -128,37 +139,45 @@ class Controller:
                 if exc.status != 404:
                     raise
                 continue
-            current[name] = {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
-            versions[name] = secret.metadata.resource_version
+            current[name] = _decoded(secret.data)
+            secrets[name] = secret
             if name == reconcile.CA_SECRET:
                 step_at = (secret.metadata.annotations or {}).get(reconcile.STEP_ANNOTATION)
-        return current, versions, step_at
+        return current, secrets, step_at
 
-    def _write(self, name: str, outcome: reconcile.Outcome, version: str | None) -> None:
+    def _write(self, name: str, outcome: reconcile.Outcome, secret: Any | None) -> None:
+        """Create the Secret, or replace its data keeping everything else of it (others'
+        labels and annotations, owners, finalizers, its type, which cannot change)."""
         from kubernetes import client
 
         is_ca = name == reconcile.CA_SECRET
-        annotations = (
-            {reconcile.STEP_ANNOTATION: outcome.step_at} if is_ca and outcome.step_at else None
-        )
-        body = client.V1Secret(
-            metadata=client.V1ObjectMeta(
-                name=name,
-                namespace=self.targets.namespace,
-                resource_version=version,
-                annotations=annotations,
-                labels={"app.kubernetes.io/part-of": "gpu-scheduler"},
-            ),
-            type="Opaque" if is_ca else "kubernetes.io/tls",
-            data={k: base64.b64encode(v).decode() for k, v in outcome.secrets[name].items()},
-        )
-        if version is None:
-            self.core.create_namespaced_secret(
-                self.targets.namespace, body, _request_timeout=TIMEOUT
+        data = {k: base64.b64encode(v).decode() for k, v in outcome.secrets[name].items()}
+        if secret is None:
+            secret = client.V1Secret(
+                metadata=client.V1ObjectMeta(
+                    name=name,
+                    namespace=self.targets.namespace,
+                    labels={"app.kubernetes.io/part-of": "gpu-scheduler"},
+                ),
+                type="Opaque" if is_ca else "kubernetes.io/tls",
             )
-        else:
+        secret.data = data
+        if is_ca and outcome.step_at:
+            secret.metadata.annotations = {
+                **(secret.metadata.annotations or {}),
+                reconcile.STEP_ANNOTATION: outcome.step_at,
+            }
+        if secret.metadata.resource_version is None:
+            self.core.create_namespaced_secret(
+                self.targets.namespace, secret, _request_timeout=TIMEOUT, field_manager=MANAGER
+            )
+        else:  # optimistic: the resourceVersion read; a lost race is redone next pass
             self.core.replace_namespaced_secret(
-                name, self.targets.namespace, body, _request_timeout=TIMEOUT
+                name,
+                self.targets.namespace,
+                secret,
+                _request_timeout=TIMEOUT,
+                field_manager=MANAGER,
             )
         WRITES.labels("secret").inc()
         log.info("certificates: wrote Secret %s", name)
@@ -194,13 +213,15 @@ class Controller:
                 },
                 _request_timeout=TIMEOUT,
                 _content_type=STRATEGIC,
+                field_manager=MANAGER,
             )
             WRITES.labels("webhook_ca_bundle").inc()
             log.info("certificates: caBundle of %s updated", self.targets.webhook_configuration)
         return True
 
-    def _roll_scheduler(self, fingerprint: str) -> None:
-        """kube-scheduler's pods run with this pair, or are rolled to it."""
+    def _roll_scheduler(self, fingerprint: str) -> bool:
+        """kube-scheduler's pods run with this pair, or are rolled to it; True once
+        its rollout is complete (or it is not installed here)."""
         from kubernetes.client.exceptions import ApiException
 
         name, namespace = self.targets.scheduler_deployment, self.targets.namespace
@@ -210,17 +231,25 @@ class Controller:
             )
         except ApiException as exc:
             if exc.status == 404:
-                return  # not installed here: it reads the pair when it comes
+                return True  # not installed here: it reads the pair when it comes
             raise
         annotations = deployment.spec.template.metadata.annotations or {}
-        if annotations.get(FINGERPRINT) == fingerprint:
-            return
-        patch = {"spec": {"template": {"metadata": {"annotations": {FINGERPRINT: fingerprint}}}}}
-        self.apps.patch_namespaced_deployment(
-            name, namespace, patch, _request_timeout=TIMEOUT, _content_type=STRATEGIC
-        )
-        WRITES.labels("scheduler_restart").inc()
-        log.info("certificates: %s rolled to its client pair %s", name, fingerprint[:12])
+        if annotations.get(FINGERPRINT) != fingerprint:
+            patch = {
+                "spec": {"template": {"metadata": {"annotations": {FINGERPRINT: fingerprint}}}}
+            }
+            self.apps.patch_namespaced_deployment(
+                name,
+                namespace,
+                patch,
+                _request_timeout=TIMEOUT,
+                _content_type=STRATEGIC,
+                field_manager=MANAGER,
+            )
+            WRITES.labels("scheduler_restart").inc()
+            log.info("certificates: %s rolled to its client pair %s", name, fingerprint[:12])
+            return False
+        return rolled_out(deployment)
 
     def _publish_metrics(self, outcome: reconcile.Outcome) -> None:
         for name, data in outcome.secrets.items():
@@ -238,6 +267,31 @@ class Controller:
                 SYNCS.labels("error").inc()
                 delay = RETRY_S * 6
             stop.wait(interval_s if delay is None else min(delay, interval_s))
+
+
+def rolled_out(deployment: Any) -> bool:
+    """Every replica of the Deployment's current template is updated and available."""
+    status = deployment.status
+    want = deployment.spec.replicas if deployment.spec.replicas is not None else 1
+    return (
+        status is not None
+        and (status.observed_generation or 0) >= (deployment.metadata.generation or 0)
+        and (status.updated_replicas or 0) >= want
+        and (status.available_replicas or 0) >= want
+        and (status.replicas or 0) <= want  # no old pod left
+    )
+
+
+def _decoded(data: Any) -> dict[str, bytes]:
+    """A Secret's data, keys of ours only as bytes; a value that is not base64 is left
+    out (the pass then treats it as missing)."""
+    out = {}
+    for key, value in (data or {}).items():
+        try:
+            out[key] = base64.b64decode(value, validate=True)
+        except (ValueError, TypeError):
+            continue
+    return out
 
 
 def _fingerprint(data: dict[str, bytes]) -> str:

@@ -29,6 +29,7 @@ MODES = [
     [],
     ["--set", "certificates.mode=cert-manager"],
     ["--set", "certificates.mode=external"],
+    ["--set", "certificates.mode=tool", "--set", "certificates.caBundle=QUJD"],
     ["--set", "agent.capacity=true", "--set", "agent.gfdLabels=always"],
     ["--set", "extender.tls=false", "--set", "networkPolicy.enabled=false"],
     ["--set", "image.digest=sha256:" + "0" * 64, "--set", "agent.admissionPolicy=false"],
@@ -198,6 +199,67 @@ def _controller(cluster: Any, core: Any, tmp_path) -> list[str]:
     return [line for line in done.stderr.splitlines() if "certificates:" in line]
 
 
+def _the_controller_is_confined(cluster: Any) -> None:
+    """The controller's ServiceAccount (impersonated) may write only what its job
+    needs: its admission policy refuses everything else RBAC would let through."""
+    import subprocess
+
+    def as_controller(*args: str) -> subprocess.CompletedProcess[str]:
+        account = f"system:serviceaccount:{NAMESPACE}:gpu-scheduler-certs"
+        command = [str(cluster.binary), "kubectl", f"--kubeconfig={cluster.kubeconfig}"]
+        return subprocess.run(
+            [*command, f"--as={account}", "-n", NAMESPACE, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    def patch(kind: str, name: str, body: str, kind_of_patch: str = "strategic"):
+        return as_controller("patch", kind, name, f"--type={kind_of_patch}", "-p", body)
+
+    refused = {
+        "another Secret": as_controller(
+            "create", "secret", "generic", "stolen", "--from-literal=a=b"
+        ),
+        "kube-scheduler's image": patch(
+            "deployment",
+            "gpu-scheduler",
+            '[{"op":"replace","path":"/spec/template/spec/containers/0/image","value":"evil"}]',
+            "json",
+        ),
+        "another annotation": patch(
+            "deployment",
+            "gpu-scheduler",
+            '{"spec":{"template":{"metadata":{"annotations":{"x":"y"}}}}}',
+        ),
+        "the webhook's failurePolicy": patch(
+            "mutatingwebhookconfiguration",
+            "gpu-scheduler-webhook",
+            '[{"op":"replace","path":"/webhooks/0/failurePolicy","value":"Ignore"}]',
+            "json",
+        ),
+        "where the webhook sends": patch(
+            "mutatingwebhookconfiguration",
+            "gpu-scheduler-webhook",
+            '[{"op":"replace","path":"/webhooks/0/clientConfig/service/name","value":"evil"}]',
+            "json",
+        ),
+    }
+    for what, done in refused.items():
+        assert done.returncode != 0 and "gpu-scheduler-certs-writes" in done.stderr, (
+            what,
+            done.stdout,
+            done.stderr,
+        )
+    allowed = patch(
+        "deployment",
+        "gpu-scheduler",
+        '{"spec":{"template":{"metadata":{"annotations":'
+        '{"gpu-scheduler.io/client-pair-sha256":"test"}}}}}',
+    )
+    assert allowed.returncode == 0, allowed.stderr
+
+
 def test_helm_install_makes_its_certificates_inside_the_cluster(
     fresh_cluster, helm_binary, tmp_path
 ):
@@ -245,8 +307,8 @@ def test_helm_install_makes_its_certificates_inside_the_cluster(
 
     core = client.CoreV1Api(api)
     first = _controller(cluster, core, tmp_path)
-    assert any("wrote Secret gpu-scheduler-ca" in line for line in first), first
-    ca = _secret_files(core, "gpu-scheduler-ca")
+    assert any("wrote Secret gpu-scheduler-internal-ca" in line for line in first), first
+    ca = _secret_files(core, "gpu-scheduler-internal-ca")
     assert set(ca) == {"ca.crt", "ca.key"}
     pairs = {}
     for name in ("webhook", "extender", "scheduler"):
@@ -263,6 +325,7 @@ def test_helm_install_makes_its_certificates_inside_the_cluster(
     again = apps.read_namespaced_deployment("gpu-scheduler", NAMESPACE)
     assert again.spec.template.metadata.annotations == rolled.spec.template.metadata.annotations
     assert len(fingerprint) == 64
+    _the_controller_is_confined(cluster)
     certs = tmp_path / "from-controller" / "scheduler"
     certs.mkdir(parents=True)
     for key, data in pairs["scheduler"].items():
@@ -606,3 +669,120 @@ def test_host_network_and_gke_pods_are_valid(fresh_cluster, helm_binary, tmp_pat
         *("-f", str(path), "-o", "name"),
     )
     assert out.count("\n") == len(docs), out
+
+
+WEBHOOK_CONFIG = ("MutatingWebhookConfiguration", "", "gpu-scheduler-webhook")
+
+
+def _client_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (hook,) = {_key(d): d for d in docs}[WEBHOOK_CONFIG]["webhooks"]
+    return hook["clientConfig"]
+
+
+def test_ca_bundle_is_rendered_in_mode_external_only(helm_binary):
+    """certificates.caBundle goes into the webhook configuration in mode external (and
+    tool, its 0.1.0 name); in mode internal the certificate controller owns the field,
+    in mode cert-manager cert-manager's CA injector does, so a value there fails the
+    install instead of being put back over theirs on every upgrade."""
+    for mode in ("external", "tool"):
+        docs = helm_template(
+            helm_binary, "--set", f"certificates.mode={mode}", "--set", "certificates.caBundle=QUJD"
+        )
+        assert _client_config(docs)["caBundle"] == "QUJD", mode
+        assert "caBundle" not in _client_config(
+            helm_template(helm_binary, "--set", f"certificates.mode={mode}")
+        )
+    for mode in ("internal", "cert-manager"):
+        assert "caBundle" not in _client_config(
+            helm_template(helm_binary, "--set", f"certificates.mode={mode}")
+        )
+        for verb in ("template", "install"):
+            args = ["helm", verb, "gpu-scheduler", str(CHART), "-n", NAMESPACE]
+            args += ["--set", f"certificates.mode={mode}", "--set", "certificates.caBundle=QUJD"]
+            if verb == "install":
+                args += ["--dry-run=client"]
+            err = _fails(helm_binary, *args)
+            assert f"certificates.caBundle is set, but certificates.mode is {mode}" in err, err
+            assert "use certificates.mode external" in err, err
+
+
+def test_mode_tool_is_external_with_a_warning(helm_binary):
+    """0.1.0's certificates.mode tool (its default, kept by --reuse-values) renders what
+    external does, and the install's notes say it is deprecated; an unknown mode fails."""
+    tool = _normalise(helm_template(helm_binary, "--set", "certificates.mode=tool"))
+    external = _normalise(helm_template(helm_binary, "--set", "certificates.mode=external"))
+    assert tool == external
+    assert ("Deployment", NAMESPACE, "gpu-scheduler-certs") not in tool
+    assert ("Deployment", NAMESPACE, "gpu-scheduler-certs") in _normalise(
+        helm_template(helm_binary)
+    )
+
+    def notes(mode: str) -> str:
+        out = _run(
+            helm_binary,
+            *("helm", "install", "gpu-scheduler", str(CHART), "-n", NAMESPACE),
+            *("--dry-run=client", "--set", f"certificates.mode={mode}"),
+        )
+        return out[out.index("NOTES:") :]
+
+    warned = notes("tool")
+    assert 'certificates.mode "tool" is deprecated' in warned, warned
+    assert "deploy/install-certs.sh" in warned, warned  # the external branch
+    assert "deprecated" not in notes("external")
+    err = _fails(helm_binary, "helm", "template", "x", str(CHART), "--set", "certificates.mode=x")
+    assert "certificates.mode must be one of internal, cert-manager, external" in err, err
+
+
+def _excluded(docs: list[dict[str, Any]]) -> list[str]:
+    (hook,) = {_key(d): d for d in docs}[WEBHOOK_CONFIG]["webhooks"]
+    (expression,) = hook["namespaceSelector"]["matchExpressions"]
+    assert expression["key"] == "kubernetes.io/metadata.name"
+    assert expression["operator"] == "NotIn"
+    return expression["values"]
+
+
+def test_exclude_namespaces_null_is_none_and_a_non_list_fails(helm_binary, tmp_path):
+    """webhook.excludeNamespaces: the release namespace is always added; null (from
+    --set or a values file) and [] leave it alone; a string or a map fails the install
+    with a message, not a template panic."""
+    assert _excluded(helm_template(helm_binary)) == ["kube-system", "gpu-operator", NAMESPACE]
+    nulled = tmp_path / "null.yaml"
+    nulled.write_text("webhook:\n  excludeNamespaces: ~\n")
+    emptied = tmp_path / "empty.yaml"
+    emptied.write_text("webhook:\n  excludeNamespaces: []\n")
+    for values in (
+        ["--set", "webhook.excludeNamespaces=null"],
+        ["-f", str(nulled)],
+        ["-f", str(emptied)],
+        ["--set", f"webhook.excludeNamespaces={{{NAMESPACE}}}"],
+    ):
+        assert _excluded(helm_template(helm_binary, *values)) == [NAMESPACE], values
+    assert _excluded(helm_template(helm_binary, "--set", "webhook.excludeNamespaces={a,b}")) == [
+        "a",
+        "b",
+        NAMESPACE,
+    ]
+    for value in ("webhook.excludeNamespaces=kube-system", "webhook.excludeNamespaces.a=b"):
+        err = _fails(helm_binary, "helm", "template", "x", str(CHART), "--set", value)
+        assert "webhook.excludeNamespaces must be a list of namespace names" in err, err
+        assert "nil pointer" not in err and "Cannot push" not in err, err
+
+
+@pytest.mark.parametrize("port", ["8888", "8889"], ids=["port", "opsPort"])
+def test_host_network_webhook_and_extender_on_one_port_fail_the_install(helm_binary, port):
+    """With both in the node's network, webhook.port equal to extender.port or opsPort
+    would keep a webhook pod and an extender pod off each other's nodes: refused. With
+    one of them off the host network the ports do not meet, and it renders."""
+    both = ["--set", "webhook.hostNetwork=true", "--set", "extender.hostNetwork=true"]
+    err = _fails(
+        helm_binary, "helm", "template", "x", str(CHART), *both, "--set", f"webhook.port={port}"
+    )
+    assert f"webhook.port {port} is also extender.port or extender.opsPort" in err, err
+    assert "the ports must differ" in err, err
+    for one in ("webhook.hostNetwork=true", "extender.hostNetwork=true"):
+        docs = helm_template(helm_binary, "--set", one, "--set", f"webhook.port={port}")
+        webhook = {_key(d): d for d in docs}[("Deployment", NAMESPACE, "gpu-scheduler-webhook")]
+        (container,) = webhook["spec"]["template"]["spec"]["containers"]
+        assert _container_port(container, "https") == int(port)
+    moved = helm_template(helm_binary, *both, "--set", "extender.port=9888")
+    assert len(moved) > 0  # 8443, 9888, 8889: all different

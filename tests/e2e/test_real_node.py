@@ -249,7 +249,7 @@ def running_ready(pod: Any) -> bool:
 
 def test_the_certificate_controller_runs_as_a_pod_and_keeps_the_ca_inside(real):
     """The install's certificates come from its own pod: a CA in the Secret
-    gpu-scheduler-ca, the leaves it signs, the pod Ready; nothing was made on the host."""
+    gpu-scheduler-internal-ca, the leaves it signs, the pod Ready; nothing was made on the host."""
     import base64
 
     core = client.CoreV1Api(real.api)
@@ -260,12 +260,12 @@ def test_the_certificate_controller_runs_as_a_pod_and_keeps_the_ca_inside(real):
         "the certificate controller's pod Ready",
         1,
     )
-    ca = core.read_namespaced_secret("gpu-scheduler-ca", NAMESPACE).data
+    ca = core.read_namespaced_secret("gpu-scheduler-internal-ca", NAMESPACE).data
     for name in ("webhook", "extender", "scheduler"):
         leaf = core.read_namespaced_secret(f"gpu-scheduler-{name}-tls", NAMESPACE).data
         assert base64.b64decode(leaf["ca.crt"]) == base64.b64decode(ca["ca.crt"])
     log = core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE)
-    assert "wrote Secret gpu-scheduler-ca" in log, log[-2000:]
+    assert "wrote Secret gpu-scheduler-internal-ca" in log, log[-2000:]
 
 
 def test_agent_pod_runs_on_the_real_node_and_publishes(real):
@@ -435,6 +435,87 @@ def test_the_readme_pod_proves_the_install(real):
     print(f"\nhelm install --wait from nothing: {real.install_s:.1f} s")
 
 
+def test_nothing_a_node_needs_waits_on_the_webhook(real):
+    """The webhook's pods down (no endpoint; a GPU pod is refused): a GPU-requesting
+    DaemonSet in the GPU Operator's namespace, and a pod with spec.nodeName, are
+    created and run on the node all the same."""
+    apps, core = client.AppsV1Api(real.api), client.CoreV1Api(real.api)
+    scale = {"spec": {"replicas": 0}}
+    apps.patch_namespaced_deployment_scale("gpu-scheduler-webhook", NAMESPACE, scale)
+    namespace = "gpu-operator"
+    ensure_namespace(real, namespace)
+    container = {
+        "name": "validator",
+        "image": realnode.EXAMPLE_IMAGE,
+        "resources": {"limits": {contract.RESOURCE_GPU: "1"}},
+    }
+    labels = {"app": "lab-validator"}
+    daemonset = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "lab-validator"},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "containers": [container],
+                    "tolerations": [{"operator": "Exists"}],
+                },
+            },
+        },
+    }
+    pinned = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "pinned"},
+        "spec": {"nodeName": NODE, "containers": [{**container, "name": "pinned"}]},
+    }
+    try:
+        wait_for(
+            lambda: not [p for p in pods(real, "app.kubernetes.io/name=gpu-scheduler-webhook")],
+            60,
+            "the webhook's pods gone",
+            0.5,
+        )
+        with pytest.raises(ApiException) as refused:
+            core.create_namespaced_pod("default", _gpu_pod_body("refused"), dry_run="All")
+        assert "gpu-scheduler-webhook" in str(refused.value.body)
+        started = time.monotonic()
+        apps.create_namespaced_daemon_set(namespace, daemonset)
+        core.create_namespaced_pod("default", pinned)
+
+        def running(namespace: str, selector: str = "", name: str = "") -> bool:
+            found = (
+                [core.read_namespaced_pod(name, namespace)]
+                if name
+                else core.list_namespaced_pod(namespace, label_selector=selector).items
+            )
+            return len(found) == 1 and found[0].status.phase == "Running"
+
+        wait_for(lambda: running(namespace, "app=lab-validator"), 120, "the DaemonSet's pod", 0.5)
+        daemon_s = time.monotonic() - started
+        wait_for(lambda: running("default", name="pinned"), 120, "the spec.nodeName pod", 0.5)
+        print(f"\nwebhook down: the GPU DaemonSet's pod Running {daemon_s:.1f} s after it was made")
+    finally:
+        apps.delete_namespaced_daemon_set("lab-validator", namespace)
+        core.delete_namespaced_pod("pinned", "default", grace_period_seconds=0)
+        scale = {"spec": {"replicas": 2}}
+        apps.patch_namespaced_deployment_scale("gpu-scheduler-webhook", NAMESPACE, scale)
+        wait_for(
+            lambda: (
+                sum(
+                    running_ready(p)
+                    for p in pods(real, "app.kubernetes.io/name=gpu-scheduler-webhook")
+                )
+                == 2
+            ),
+            180,
+            "the webhook's pods back",
+            1,
+        )
+
+
 def _gpu_pod_body(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -553,7 +634,7 @@ def test_upgrade_from_the_previous_release_keeps_gpu_pods_placeable(real, tmp_pa
     upgraded = time.monotonic() - started
 
     def adopted() -> bool:
-        ca = core.read_namespaced_secret("gpu-scheduler-ca", NAMESPACE).data or {}
+        ca = core.read_namespaced_secret("gpu-scheduler-internal-ca", NAMESPACE).data or {}
         return "ca.key" in ca and "ca-previous.crt" not in ca
 
     wait_for(adopted, 180, "the controller's adoption of the old CA to finish", 1)

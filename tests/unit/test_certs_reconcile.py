@@ -227,3 +227,107 @@ def test_garbage_from_elsewhere_is_not_adopted():
     out = reconcile.reconcile(junk, None, SETTINGS, NOW)
     assert set(out.secrets[reconcile.CA_SECRET]) == {"ca.crt", "ca.key"}
     assert out.next_step_at is None
+
+
+def test_leaves_of_another_ca_beside_ours_are_adopted_by_ours(tmp_path):
+    """internal -> external (install-certs.sh's CA) -> internal: our CA Secret still
+    holds a good CA, the leaves are the tool's: ours is trusted beside theirs first."""
+    ours = fresh()
+    current = {
+        reconcile.CA_SECRET: ours.secrets[reconcile.CA_SECRET],
+        **installed_by_the_tool(tmp_path),
+    }
+    begun = reconcile.reconcile(current, None, SETTINGS, NOW)
+    ca = begun.secrets[reconcile.CA_SECRET]
+    assert ca["ca-next.crt"] == ours.secrets[reconcile.CA_SECRET]["ca.crt"]  # ours, kept
+    for name in LEAVES:
+        assert begun.secrets[name]["tls.crt"] == current[name]["tls.crt"]
+    t = NOW + SETTINGS.settle
+    switched = reconcile.reconcile(begun.secrets, begun.step_at, SETTINGS, t)
+    done = reconcile.reconcile(switched.secrets, switched.step_at, SETTINGS, t + SETTINGS.settle)
+    assert done.bundle == ours.bundle
+    start = reconcile.Outcome(dict(current), None, current[LEAVES[0]]["ca.crt"])
+    assert_trust_holds([start, begun, switched, done])
+
+
+def test_foreign_leaves_near_their_end_are_adopted_not_cut_over(tmp_path):
+    tool = installed_by_the_tool(tmp_path)
+    t = NOW + dt.timedelta(days=365 - 10)  # valid 10 more days: no longer "good", still serving
+    begun = reconcile.reconcile(tool, None, SETTINGS, t)
+    assert "ca-previous.crt" in begun.secrets[reconcile.CA_SECRET]
+    for name in LEAVES:
+        assert begun.secrets[name]["tls.crt"] == tool[name]["tls.crt"]
+
+
+def test_a_corrupted_ca_secret_is_replaced_by_adoption(tmp_path):
+    first = fresh()
+    current = {k: dict(v) for k, v in first.secrets.items()}
+    current[reconcile.CA_SECRET]["ca.key"] = b"not a key"
+    begun = reconcile.reconcile(current, None, SETTINGS, NOW)
+    assert certs_in(first.bundle)[0] in certs_in(begun.bundle)  # the old CA still trusted
+    for name in LEAVES:
+        assert begun.secrets[name]["tls.crt"] == first.secrets[name]["tls.crt"]
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [{"ca-next.crt": b"junk"}, {"ca-next.crt": None}, {"ca-previous.crt": b"junk"}],
+    ids=["next-junk", "next-without-key", "previous-junk"],
+)
+def test_unusable_rollover_keys_are_dropped_not_raised(broken):
+    start = fresh()
+    t = certinfo.load_cert(start.bundle).not_valid_after_utc - dt.timedelta(days=300)
+    begun = reconcile.reconcile(start.secrets, None, SETTINGS, t)  # ca-next.* present
+    ca = dict(begun.secrets[reconcile.CA_SECRET])
+    for key, value in broken.items():
+        if value is None:
+            ca.pop("ca-next.key")
+        else:
+            ca[key] = value
+    current = {**begun.secrets, reconcile.CA_SECRET: ca}
+    out = reconcile.reconcile(current, begun.step_at, SETTINGS, t + dt.timedelta(minutes=1))
+    assert all(b"junk" not in v for v in out.secrets[reconcile.CA_SECRET].values())
+    for name in LEAVES:
+        assert trusted(out.secrets[name]["tls.crt"], out.bundle)
+
+
+def test_hold_keeps_a_due_step_back_and_restarts_the_settle_time():
+    start = fresh()
+    t = certinfo.load_cert(start.bundle).not_valid_after_utc - dt.timedelta(days=300)
+    begun = reconcile.reconcile(start.secrets, None, SETTINGS, t)
+    later = t + SETTINGS.settle * 3
+    held = reconcile.reconcile(begun.secrets, begun.step_at, SETTINGS, later, hold=True)
+    assert not any("rollover" in a for a in held.actions)
+    assert held.next_step_at == later + SETTINGS.settle and reconcile.CA_SECRET in held.changed
+    going = reconcile.reconcile(held.secrets, held.step_at, SETTINGS, later + SETTINGS.settle)
+    assert any("rollover switch" in a for a in going.actions)
+
+
+def test_a_step_time_in_the_future_is_taken_as_now():
+    start = fresh()
+    t = certinfo.load_cert(start.bundle).not_valid_after_utc - dt.timedelta(days=300)
+    begun = reconcile.reconcile(start.secrets, None, SETTINGS, t)
+    ahead = reconcile.reconcile(
+        begun.secrets, "2999-01-01T00:00:00Z", SETTINGS, t + SETTINGS.settle
+    )
+    assert ahead.changed == [reconcile.CA_SECRET] and ahead.step_at.startswith(str(t.year))
+    later = t + SETTINGS.settle * 2
+    assert any(
+        "rollover switch" in a
+        for a in reconcile.reconcile(ahead.secrets, ahead.step_at, SETTINGS, later).actions
+    )
+
+
+def test_an_adoption_whose_leaves_missed_the_bundle_gets_them_on_the_next_pass(tmp_path):
+    """The CA Secret was written, a leaf's write was not: while adopting, every pass
+    gives each leaf the bundle (the pairs unchanged)."""
+    tool = installed_by_the_tool(tmp_path)
+    begun = reconcile.reconcile(tool, None, SETTINGS, NOW)
+    partial = {**begun.secrets, "gpu-scheduler-extender-tls": tool["gpu-scheduler-extender-tls"]}
+    out = reconcile.reconcile(partial, begun.step_at, SETTINGS, NOW + dt.timedelta(minutes=1))
+    assert out.changed == ["gpu-scheduler-extender-tls"]
+    leaf = out.secrets["gpu-scheduler-extender-tls"]
+    assert (
+        leaf["ca.crt"] == begun.bundle
+        and leaf["tls.crt"] == tool["gpu-scheduler-extender-tls"]["tls.crt"]
+    )

@@ -135,3 +135,32 @@ gke
 eks
 {{- end -}}
 {{- end }}
+
+{{/* certificates.mode: internal, cert-manager or external; tool (0.1.0's name for
+external, and its default) is taken as external. Anything else fails the install, and
+so does certificates.caBundle outside mode external: in mode internal the certificate
+controller owns the webhook's caBundle, in mode cert-manager cert-manager's CA
+injector does, and a rendered value would be put back over theirs on every upgrade. */}}
+{{- define "gpu-scheduler.certMode" -}}
+{{- $mode := .Values.certificates.mode -}}
+{{- if not (has $mode (list "internal" "cert-manager" "external" "tool")) -}}
+{{- fail (printf "certificates.mode must be one of internal, cert-manager, external (or tool, 0.1.0's name for external) (got %v)" $mode) -}}
+{{- end -}}
+{{- if eq $mode "tool" }}{{ $mode = "external" }}{{ end -}}
+{{- if and .Values.certificates.caBundle (ne $mode "external") -}}
+{{- fail (printf "certificates.caBundle is set, but certificates.mode is %s: %s fills the webhook's caBundle, and a rendered value would be put back over it on every upgrade (GPU pods refused). Unset it (--set certificates.caBundle=\"\"), or use certificates.mode external" $mode (ternary "the certificate controller (gpu-scheduler-certs)" "cert-manager's CA injector" (eq $mode "internal"))) -}}
+{{- end -}}
+{{ $mode }}
+{{- end }}
+
+{{/* webhook.excludeNamespaces plus the release namespace, as a JSON list; null counts
+as none (the release namespace alone), anything but a list fails the install. */}}
+{{- define "gpu-scheduler.excludeNamespaces" -}}
+{{- $exclude := .Values.webhook.excludeNamespaces -}}
+{{- if kindIs "invalid" $exclude -}}
+{{- $exclude = list -}}
+{{- else if not (kindIs "slice" $exclude) -}}
+{{- fail (printf "webhook.excludeNamespaces must be a list of namespace names, e.g. [kube-system, gpu-operator] or [] (got %s %v)" (kindOf $exclude) $exclude) -}}
+{{- end -}}
+{{- append $exclude .Release.Namespace | uniq | toJson -}}
+{{- end }}
