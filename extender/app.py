@@ -100,6 +100,8 @@ class Decider:
         return Call(args, pod, self.cache.view)
 
     def filter(self, req: Call) -> tuple[bytes, dict[str, Any], Then | None]:
+        if self.cache is not None:  # placed anew: an earlier pick of it no longer counts
+            self.cache.forget(_uid(req.args.pod))
         outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
         if not outcome.passed and (unknown := req.nodes.unknown()):
             # Nothing fits among the nodes this view knows, and kube-scheduler knows
@@ -146,6 +148,8 @@ class Decider:
             picked, then = self._pick(req, outcome.passed, details)
             answer = FilterOutcome([picked], outcome.failed, outcome.unresolvable)
             return _dump_filter_result(req.args, answer), details, then
+        if len(outcome.passed) == 1 and self.cache is not None:  # kube-scheduler's only choice
+            self.cache.assume(req.args.pod, outcome.passed[0])
         body = _dump_filter_result(req.args, outcome)
         # (a filter that read its candidates again keeps its own line: that is news)
         told_on = not rechecked
@@ -170,6 +174,8 @@ class Decider:
         means = weighted_means(req.pod, nodes, req.view, self.policies, self.cfg, parts)
         at = nodes.position(choice.pick(req.pod, nodes, means))
         details["chose"] = passed[at]
+        if self.cache is not None:  # counted there until bound (extender/cache_assumed.py)
+            self.cache.assume(req.args.pod, passed[at])
         if uid is not None and not explain:
             details["explained"] = False
 
@@ -252,6 +258,8 @@ class Decider:
         return told_on
 
     def prioritize(self, req: Call) -> tuple[bytes, dict[str, Any], None]:
+        if self.cache is not None:  # scored anew: an earlier pick of it no longer counts
+            self.cache.forget(_uid(req.args.pod))
         # (the cache's version, not its view: a binding since filter would make the
         # view be rebuilt here, on the call's path, only to be compared)
         version = self.cache.version() if self.cache is not None else None

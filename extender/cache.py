@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from extender import dra_index, metrics
+from extender.cache_assumed import AssumedPicks
 from extender.cache_dra import DraEvents
 from extender.cache_recheck import RecheckAccess
 from extender.columns import FreeState, NodeTable, free_state
@@ -50,7 +51,7 @@ READERS_ACTIVE = 2.0
 EAGER_GAP = 0.004
 
 
-class ClusterCache(DraEvents, RecheckAccess):
+class ClusterCache(DraEvents, RecheckAccess, AssumedPicks):
     """Node facts and GPU use, kept current by list+watch; :meth:`view` for readers."""
 
     def __init__(
@@ -76,6 +77,7 @@ class ClusterCache(DraEvents, RecheckAccess):
         # Node name -> its agent's last Lease renewal (None: a Lease not renewed yet).
         self._leases: dict[str, float | None] = {}
         self._pods: dict[str, PodRecord] = {}
+        self._assumed: dict[str, tuple[float, PodRecord]] = {}  # extender/cache_assumed.py
         # The uids of each node's pods, so that a recheck reads a node's few pods
         # without walking all 50,000 under the lock.
         self._node_pods: dict[str, list[str]] = {}
@@ -117,6 +119,9 @@ class ClusterCache(DraEvents, RecheckAccess):
     def view(self) -> View:
         """The current snapshot (the same object until something changes)."""
         self._read_at = self._monotonic()
+        if self._assumed:
+            with self._lock:
+                self._expire_assumed()
         snap = self._view
         if (
             snap is not None
@@ -357,6 +362,7 @@ class ClusterCache(DraEvents, RecheckAccess):
                 self._pods[uid] = record
                 self._node_pods.setdefault(record.node, []).append(uid)
                 self._account(record, 1)
+            self._keep_assumed()
             for name in self._nodes:
                 self._refresh_free(name)
             self._pod_version += 1
@@ -368,30 +374,16 @@ class ClusterCache(DraEvents, RecheckAccess):
             return
         new = None if kind == "DELETED" else pod_record(obj)
         with self._lock:
-            old = self._pods.pop(uid, None)
-            if old is not None:
-                self._unindex(uid, old.node)
-                self._account(old, -1)
-                self._refresh_free(old.node)
-                self._touch(old.node)
+            assumed = self._assumed.pop(uid, None) is not None  # the watch's word wins
+            old = self._unplace(uid)
             if new is not None:
-                self._pods[new[0]] = new[1]
-                self._node_pods.setdefault(new[1].node, []).append(new[0])
-                self._account(new[1], 1)
-                self._refresh_free(new[1].node)
-                self._touch(new[1].node)
+                self._place(*new)
             self._pod_version += 1
             self._changed()
         metrics.child(metrics.CACHE_OBJECTS, "pods").set(len(self._pods))
-        if old is None and new is not None and new[1].gpus and self.on_bound is not None:
+        first = old is None or assumed
+        if first and new is not None and new[1].gpus and self.on_bound is not None:
             self.on_bound(new[0], new[1].node)
-
-    def _unindex(self, uid: str, node: str) -> None:
-        uids = self._node_pods.get(node)
-        if uids is not None and uid in uids:  # (always, unless a bug: never raise here)
-            uids.remove(uid)
-            if not uids:
-                del self._node_pods[node]
 
     def _account(self, record: PodRecord, sign: int) -> None:
         _add(self._used, record.node, sign * record.gpus)

@@ -264,13 +264,12 @@ def test_upstream_gang_places_one_job_whole_and_the_other_after_it(
 def test_a_gang_packs_its_members_though_the_extender_cannot_see_its_siblings(
     stack, namespace, upstream_gangs
 ):
-    """Inside a gang's cycle the extender is asked about each member without seeing the
-    siblings kube-scheduler assumed earlier in the same cycle: to it, the node a sibling
-    took still looks empty. Its scores for the empty nodes tie, and kube-scheduler's own
-    MostAllocated (deploy/'s profile), which does see the assumed siblings, breaks the
-    tie towards the node a sibling took: four 4-GPU members fill two 8-GPU nodes, not
-    four. (Its filter can only be more lenient than the truth there, never stricter:
-    kube-scheduler's own fit check stays the one that refuses.)"""
+    """Inside a gang's cycle the extender is asked about each member before the watch
+    has seen any sibling bound. It counts the pods its filter answered one node for
+    until they are bound (extender/cache_assumed.py), so each member is ranked with the
+    ones before it and binpack fills the node a sibling took: four 4-GPU members fill
+    two 8-GPU nodes, not four, in whatever order kube-scheduler sends the candidates
+    (tests/unit/test_cache_assumed.py shuffles them)."""
     case = unique("pack")
     empty = nodes(stack, case, 4)
     group = unique("pack")

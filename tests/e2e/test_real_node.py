@@ -168,12 +168,16 @@ def run_readme_command(stack: Stack, argv: list[str]) -> str:
 
 @dataclass
 class AdmissionProbe:
-    """A GPU pod created (dry run) every 0.25 s from before the install until our
-    webhook pod mutates one: how long a user's GPU pods are refused by a fresh
-    install, and what they are told meanwhile."""
+    """A GPU pod created (dry run) every ``every`` s, from a moment on, until ``stop``
+    (or, ``until_mutated``, until our webhook pod mutates one): how long GPU pods are
+    refused by a fresh install, and what they are told meanwhile; or whether any is
+    refused or left unmutated during an upgrade."""
 
     api: Any
+    every: float = 0.25
+    until_mutated: bool = True
     started: float = field(default_factory=time.monotonic)
+    stop: threading.Event = field(default_factory=threading.Event)
     outcomes: list[tuple[float, str, str]] = field(default_factory=list)  # (t, kind, text)
     marks: dict[str, float] = field(default_factory=dict)
     thread: threading.Thread | None = None
@@ -188,35 +192,28 @@ class AdmissionProbe:
 
     def _run(self) -> None:
         core = client.CoreV1Api(self.api)
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "first-minutes"},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "c",
-                        "image": "registry.k8s.io/pause:3.10",
-                        "resources": {"limits": {contract.RESOURCE_GPU: "1"}},
-                    }
-                ]
-            },
-        }
-        while time.monotonic() - self.started < 300:
+        while not self.stop.is_set() and time.monotonic() - self.started < 600:
             at = time.monotonic() - self.started
             try:
-                pod = core.create_namespaced_pod("default", body, dry_run="All")
+                pod = core.create_namespaced_pod("default", _gpu_pod_body("probe"), dry_run="All")
             except ApiException as exc:
                 self.outcomes.append((at, "refused", str(exc.body)[:300]))
             else:
                 mutated = pod.spec.scheduler_name == contract.SCHEDULER_NAME
                 self.outcomes.append((at, "mutated" if mutated else "unmutated", ""))
-                if mutated:
+                if mutated and self.until_mutated:
                     return
-            time.sleep(0.25)
+            self.stop.wait(self.every)
 
     def first(self, kind: str) -> tuple[float, str] | None:
         return next(((t, text) for t, k, text in self.outcomes if k == kind), None)
+
+    def finish(self) -> list[tuple[float, str, str]]:
+        """Stops it; what was not admitted and mutated."""
+        self.stop.set()
+        assert self.thread is not None
+        self.thread.join(10)
+        return [o for o in self.outcomes if o[1] != "mutated"]
 
 
 PROBE: dict[str, AdmissionProbe] = {}
@@ -240,6 +237,21 @@ def install(stack: Stack, work: Path) -> None:
 
 def pods(stack: Stack, selector: str) -> list[Any]:
     return client.CoreV1Api(stack.api).list_namespaced_pod(NAMESPACE, label_selector=selector).items
+
+
+def namespace_gone(stack: Stack) -> None:
+    core = client.CoreV1Api(stack.api)
+    names = lambda: [n.metadata.name for n in core.list_namespace().items]  # noqa: E731
+    wait_for(lambda: NAMESPACE not in names(), 120, "the namespace gone", 1)
+
+
+def webhook_pods_ready(stack: Stack, what: str) -> None:
+    def ready() -> int:
+        return sum(
+            running_ready(p) for p in pods(stack, "app.kubernetes.io/name=gpu-scheduler-webhook")
+        )
+
+    wait_for(lambda: ready() == 2, 180, what, 1)
 
 
 def running_ready(pod: Any) -> bool:
@@ -336,17 +348,7 @@ def test_first_minutes_of_an_install(real):
 
 def test_gpu_pod_mutated_by_the_webhook_pod_placed_run_and_released(real):
     core = client.CoreV1Api(real.api)
-    wait_for(
-        lambda: (
-            sum(
-                running_ready(p) for p in pods(real, "app.kubernetes.io/name=gpu-scheduler-webhook")
-            )
-            == 2
-        ),
-        180,
-        "both webhook pods Running and Ready",
-        1,
-    )
+    webhook_pods_ready(real, "both webhook pods Running and Ready")
     wait_for(
         lambda: core.read_node(NODE).status.allocatable.get(contract.RESOURCE_GPU) == str(GPUS),
         120,
@@ -502,18 +504,7 @@ def test_nothing_a_node_needs_waits_on_the_webhook(real):
         core.delete_namespaced_pod("pinned", "default", grace_period_seconds=0)
         scale = {"spec": {"replicas": 2}}
         apps.patch_namespaced_deployment_scale("gpu-scheduler-webhook", NAMESPACE, scale)
-        wait_for(
-            lambda: (
-                sum(
-                    running_ready(p)
-                    for p in pods(real, "app.kubernetes.io/name=gpu-scheduler-webhook")
-                )
-                == 2
-            ),
-            180,
-            "the webhook's pods back",
-            1,
-        )
+        webhook_pods_ready(real, "the webhook's pods back")
 
 
 def _gpu_pod_body(name: str) -> dict[str, Any]:
@@ -532,41 +523,6 @@ def _gpu_pod_body(name: str) -> dict[str, Any]:
             ],
         },
     }
-
-
-@dataclass
-class UpgradeProbe:
-    """A GPU pod created (dry run) every 0.2 s: each must be admitted and mutated."""
-
-    api: Any
-    stop: threading.Event = field(default_factory=threading.Event)
-    outcomes: list[tuple[float, str, str]] = field(default_factory=list)
-    thread: threading.Thread | None = None
-
-    def start(self) -> UpgradeProbe:
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        return self
-
-    def _run(self) -> None:
-        core = client.CoreV1Api(self.api)
-        started = time.monotonic()
-        while not self.stop.is_set():
-            at = time.monotonic() - started
-            try:
-                pod = core.create_namespaced_pod("default", _gpu_pod_body("upgrade"), dry_run="All")
-            except ApiException as exc:
-                self.outcomes.append((at, "refused", str(exc.body)[:300]))
-            else:
-                mutated = pod.spec.scheduler_name == contract.SCHEDULER_NAME
-                self.outcomes.append((at, "mutated" if mutated else "unmutated", ""))
-            self.stop.wait(0.2)
-
-    def finish(self) -> list[tuple[float, str, str]]:
-        self.stop.set()
-        assert self.thread is not None
-        self.thread.join(10)
-        return [o for o in self.outcomes if o[1] != "mutated"]
 
 
 def test_upgrade_from_the_previous_release_keeps_gpu_pods_placeable(real, tmp_path):
@@ -594,28 +550,13 @@ def test_upgrade_from_the_previous_release_keeps_gpu_pods_placeable(real, tmp_pa
     assert created.spec.scheduler_name != contract.SCHEDULER_NAME  # no webhook: unmutated
     # The controller's Secrets are not the release's: an admin deletes the namespace.
     core.delete_namespace(NAMESPACE)
-    wait_for(
-        lambda: NAMESPACE not in [n.metadata.name for n in core.list_namespace().items],
-        120,
-        "the namespace gone",
-        1,
-    )
+    namespace_gone(real)
     run("install", "gpu-scheduler", str(PREVIOUS_CHART), "--create-namespace",
         "-f", str(lab_values(real.workdir, "0.1.0")))  # fmt: skip
     done = install_certs(real.cluster, tmp_path / "certs-out", tmp_path / "bin")
     assert done.returncode == 0, done.stdout + done.stderr
-    wait_for(
-        lambda: (
-            sum(
-                running_ready(p) for p in pods(real, "app.kubernetes.io/name=gpu-scheduler-webhook")
-            )
-            == 2
-        ),
-        180,
-        "0.1.0's webhook pods Ready",
-        1,
-    )
-    probe = UpgradeProbe(real.api)
+    webhook_pods_ready(real, "0.1.0's webhook pods Ready")
+    probe = AdmissionProbe(real.api, every=0.2, until_mutated=False)
     wait_for(
         lambda: (
             core.create_namespaced_pod(
@@ -627,8 +568,8 @@ def test_upgrade_from_the_previous_release_keeps_gpu_pods_placeable(real, tmp_pa
         "0.1.0 admitting GPU pods",
         0.5,
     )
+    probe.started = started = time.monotonic()
     probe.start()
-    started = time.monotonic()
     run("upgrade", "gpu-scheduler", str(CHART), "--wait", "--timeout", "6m",
         "-f", str(lab_values(real.workdir)))  # fmt: skip
     upgraded = time.monotonic() - started
@@ -718,12 +659,7 @@ def test_kubectl_apply_k_installs_the_same_with_nothing_on_the_host(real):
     # release's cluster-wide objects, its webhook configuration among them, behind).
     subprocess.run([*helm, "uninstall", "gpu-scheduler", "--wait"], timeout=180, check=True)
     subprocess_run("kubectl", "delete", "--wait=false", "namespace", NAMESPACE)
-    wait_for(
-        lambda: NAMESPACE not in [n.metadata.name for n in core.list_namespace().items],
-        120,
-        "the namespace gone",
-        1,
-    )
+    namespace_gone(real)
     overlay = kustomize_overlay(real.workdir)
     started = time.monotonic()
     subprocess_run("kubectl", "apply", "--server-side", "-k", str(overlay))
