@@ -181,19 +181,26 @@ def _generate_leaves(root: Path, ca_dir: Path, settings: Settings, now: dt.datet
     """Each leaf kept if good, else issued by ``ca_dir``'s CA; its ca.crt the bundle."""
     actions = []
     for name, (service, client) in LEAVES.items():
-        identity = build.service_identity(service, settings.namespace)
-        done = store.generate(
-            root / name,
-            identity,
-            days=settings.leaf_days,
-            ca_days=settings.ca_days,
-            now=now,
-            ca_dir=ca_dir,
-            client=client,
-        )
+        done = _issue(root / name, service, client, ca_dir, settings, now)
         if done.action != "kept":
             actions.append(f"{name}: {done.action} ({done.reason})")
     return actions
+
+
+def _issue(
+    folder: Path, service: str, client: bool, ca_dir: Path, settings: Settings, now: dt.datetime
+) -> store.Outcome:
+    """The store's rule for one leaf: kept if good, else issued by ``ca_dir``'s CA."""
+    identity = build.service_identity(service, settings.namespace)
+    return store.generate(
+        folder,
+        identity,
+        days=settings.leaf_days,
+        ca_days=settings.ca_days,
+        now=now,
+        ca_dir=ca_dir,
+        client=client,
+    )
 
 
 def _lay_out(folder: Path, data: Mapping[str, bytes], keys: tuple[str, ...]) -> None:
@@ -308,16 +315,7 @@ def _adopting_leaves(root: Path, settings: Settings, now: dt.datetime) -> list[s
         if _valid_leaf(_read_back(folder, LEAF_KEYS), now) is None:
             for stale in (store.TLS_CERT, store.TLS_KEY):
                 (folder / stale).unlink(missing_ok=True)
-            identity = build.service_identity(service, settings.namespace)
-            store.generate(
-                folder,
-                identity,
-                days=settings.leaf_days,
-                ca_days=settings.ca_days,
-                now=now,
-                ca_dir=signer,
-                client=client,
-            )
+            _issue(folder, service, client, signer, settings, now)
             actions.append(f"{name}: issued by our CA (no pair that can serve)")
         store.write_public(folder / store.CA_CERT, bundle)
     return actions
