@@ -104,6 +104,7 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks):
         self._epoch = self._changes = 0
         self._node_version = self._pod_version = 0
         self._view: View | None = None
+        self._degraded: str | None = None  # why the last view build failed, while it does
         # When a request last read the view, and when a watch thread last built one.
         self._read_at = self._built_at = float("-inf")
         # Every node's heartbeat, sorted, kept in step with _nodes by _set_facts (re-sorting
@@ -130,7 +131,14 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks):
         ):
             return snap
         with self._lock:
-            return self._build_view()
+            try:
+                snap = self._build_view()
+            except Exception as exc:  # a bug of ours: answer from the last good view
+                if self._view is None:
+                    raise
+                self._build_failed(exc)
+                return self._view
+            return snap
 
     def version(self) -> tuple[int, int]:
         """What the next view's ``version`` is: it changes whenever the cache does."""
@@ -147,8 +155,15 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks):
             self._built_at = now
             try:
                 self._build_view()
-            except Exception:  # the watch goes on; the next request builds it (or says why)
-                log.exception("building the view after a watch event failed")
+            except Exception as exc:  # the watch goes on; requests get the last good view
+                self._build_failed(exc)
+
+    def _build_failed(self, exc: Exception) -> None:
+        """A view could not be built (lock held): logged once until one can be."""
+        if self._degraded is None:
+            log.exception("building the view failed; answering from the last good one")
+        self._degraded = f"{type(exc).__name__}: {exc}"[:300]
+        metrics.VIEW_DEGRADED.set(1)
 
     def _build_view(self) -> View:
         old = self._view
@@ -191,6 +206,9 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks):
             table=table,
         )
         self._view = snap
+        if self._degraded is not None:
+            self._degraded = None
+            metrics.VIEW_DEGRADED.set(0)
         return snap
 
     def synced(self) -> bool:
@@ -214,6 +232,8 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks):
             summary += f", {len(self._leases)} agent heartbeats"
         if age > STALE_AFTER:
             return False, f"the view is {age:.0f}s old (over {STALE_AFTER:.0f}s); {summary}"
+        if self._degraded is not None:  # ready still: the other replica would fail alike
+            return True, f"degraded: answering from the last good view ({self._degraded})"
         return True, f"{summary}; view {age:.0f}s old"
 
     # --- applying what the API server says ----------------------------------------

@@ -59,6 +59,13 @@ CACHE_CONTACT = Gauge(
     ["kind"],
     multiprocess_mode="min",
 )
+VIEW_DEGRADED = Gauge(
+    "gpu_scheduler_extender_view_degraded",
+    "1 while building a new view fails and the verbs answer from the last good one "
+    "(a bug of ours meeting some object: alert on it; kube-scheduler's own fit check "
+    "still refuses what no longer fits)",
+    multiprocess_mode="max",
+)
 RETRY_ANSWERS = Counter(
     "gpu_scheduler_extender_retry_answers_total",
     "Calls answered with an error so that kube-scheduler retries the pod soon, by why "

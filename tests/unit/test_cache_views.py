@@ -71,3 +71,38 @@ def test_a_view_that_fails_to_build_does_not_stop_the_watch(monkeypatch, caplog)
         assert cache.view().used["n1"] == 1  # the next request builds it
     finally:
         cache.stop()
+
+
+def test_while_views_fail_to_build_the_verbs_answer_from_the_last_good_one(monkeypatch):
+    """A bug of ours meeting some object must not turn every verb into a 500: filter
+    answers from the last good view, /readyz stays 200 (both replicas would fail
+    alike) and says the view is degraded, the gauge is 1; a good build clears it."""
+    from extender import metrics
+    from extender.app import create_app
+
+    cache = synced_cache([make_node("n1", 8), make_node("n2", 8)])
+    try:
+        client = create_app(node_source="cluster", cache=cache).test_client()
+        cache.view()
+        real = cache._build_view
+
+        def broken():
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(cache, "_build_view", broken)
+        cache.pod_event("ADDED", bound("a", "n1"))  # the next view cannot be built
+        body = {"Pod": make_pod("p", 2), "Nodes": None, "NodeNames": ["n1", "n2"]}
+        answer = client.post("/filter", json=body)
+        assert answer.status_code == 200 and answer.get_json()["Error"] == ""
+        assert len(answer.get_json()["NodeNames"]) == 1
+        ready = client.get("/readyz")
+        assert ready.status_code == 200 and "degraded" in ready.get_json()["detail"]
+        assert "boom" in ready.get_json()["detail"]
+        assert metrics.VIEW_DEGRADED._value.get() == 1
+        monkeypatch.setattr(cache, "_build_view", real)
+        cache.pod_event("ADDED", bound("b", "n2"))
+        assert cache.view().version == cache.version()  # built again, with a and b
+        assert "degraded" not in client.get("/readyz").get_json()["detail"]
+        assert metrics.VIEW_DEGRADED._value.get() == 0
+    finally:
+        cache.stop()
