@@ -252,23 +252,12 @@ def _valid_leaf(data: Mapping[str, bytes], now: dt.datetime) -> x509.Certificate
     return cert
 
 
-def _usable_ca(ca_dir: Path, now: dt.datetime) -> bool:
-    try:
-        cert = certinfo.load_cert((ca_dir / store.CA_CERT).read_bytes())
-        return (
-            build.ca_problem(cert, build.load_key((ca_dir / store.CA_KEY).read_bytes()), now)
-            is None
-        )
-    except (OSError, ValueError):
-        return False
-
-
 def _foreign_issuers(
     current: Mapping[str, Mapping[str, bytes]], ca_dir: Path, now: dt.datetime
 ) -> bytes | None:
     """The issuers (each leaf's ca.crt) of the valid leaves that no CA of ours signed,
     or None: nothing to adopt (every leaf is ours, or none can serve)."""
-    ours = _certificates(store.trust_bundle(ca_dir)) if _usable_ca(ca_dir, now) else []
+    ours = _certificates(store.trust_bundle(ca_dir)) if store.read_ca(ca_dir, now) else []
     foreign: list[bytes] = []
     for name in LEAVES:
         data = current.get(name, {})
@@ -287,9 +276,9 @@ def _foreign_issuers(
 def _begin_adoption(ca_dir: Path, foreign: bytes, settings: Settings, now: dt.datetime) -> None:
     """Ours (the usable CA, else a new one) as ``ca-next``, not signing yet; the
     foreign issuers as ``ca-previous``: the bundle trusts both."""
-    if _usable_ca(ca_dir, now):
-        key = build.load_key((ca_dir / store.CA_KEY).read_bytes())
-        cert = certinfo.load_cert((ca_dir / store.CA_CERT).read_bytes())
+    usable = store.read_ca(ca_dir, now)
+    if usable is not None:
+        cert, key = usable
     else:
         key = build.new_key()
         cert = build.build_ca(key, now, settings.ca_days, "gpu-scheduler CA")

@@ -78,7 +78,7 @@ def generate(
     out = Path(out_dir)
     cas = Path(ca_dir) if ca_dir is not None else out
     existed = any((out / name).exists() for name in (TLS_CERT, TLS_KEY))
-    ca = None if force else _read_ca(cas, now)
+    ca = None if force else read_ca(cas, now)
     reason: str | None
     if ca is not None:
         ca_cert, ca_key = ca
@@ -130,7 +130,7 @@ def rotate_ca(
     """One step of a CA rollover (see the module): returns what it did."""
     now = now or dt.datetime.now(dt.UTC)
     cas = Path(ca_dir)
-    current = _read_ca(cas, now, strict=False)
+    current = read_ca(cas, now, strict=False)
     if current is None:
         raise ValueError(f"no usable CA in {cas}: run generate first")
     if phase == "begin":
@@ -192,7 +192,7 @@ def _write_atomic(path: Path, data: bytes, mode: int) -> None:
         raise
 
 
-def _read_ca(
+def read_ca(
     out: Path, now: dt.datetime, *, strict: bool = True
 ) -> tuple[build.x509.Certificate, build.PrivateKey] | None:
     try:

@@ -38,6 +38,7 @@ from extender.model import NodeFacts, PodFacts, node_facts, pod_facts
 from extender.policies import Policy, build_policies
 from extender.policies.group import group_state
 from extender.prepared import PreparedAnswers
+from extender.records import object_key
 from extender.view import args_view
 from gpu_scheduler.http import (
     BadInput,
@@ -101,7 +102,7 @@ class Decider:
 
     def filter(self, req: Call) -> tuple[bytes, dict[str, Any], Then | None]:
         if self.cache is not None:  # placed anew: an earlier pick of it no longer counts
-            self.cache.forget(_uid(req.args.pod))
+            self.cache.forget(object_key(req.args.pod))
         outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
         if not outcome.passed and (unknown := req.nodes.unknown()):
             # Nothing fits among the nodes this view knows, and kube-scheduler knows
@@ -259,7 +260,7 @@ class Decider:
 
     def prioritize(self, req: Call) -> tuple[bytes, dict[str, Any], None]:
         if self.cache is not None:  # scored anew: an earlier pick of it no longer counts
-            self.cache.forget(_uid(req.args.pod))
+            self.cache.forget(object_key(req.args.pod))
         # (the cache's version, not its view: a binding since filter would make the
         # view be rebuilt here, on the call's path, only to be compared)
         version = self.cache.version() if self.cache is not None else None
