@@ -45,8 +45,9 @@ class PodRecord:
 
 
 def pod_record(pod: Mapping[str, Any]) -> tuple[str, PodRecord] | None:
-    """(uid, record) for a bound pod worth keeping, else None. Never raises: a pod
-    whose GPU request cannot be read counts as asking for none."""
+    """(uid, record) for a bound pod worth keeping, else None. Never raises, on what the
+    API server lists or on a Pod as a filter call sends it (the picks the cache assumes):
+    a pod whose GPU request cannot be read counts as asking for none."""
     meta = pod.get("metadata")
     spec = pod.get("spec")
     status = pod.get("status")
@@ -55,7 +56,8 @@ def pod_record(pod: Mapping[str, Any]) -> tuple[str, PodRecord] | None:
     node = spec.get("nodeName")
     if not isinstance(node, str) or not node:
         return None
-    if isinstance(status, Mapping) and status.get("phase") in contract.TERMINAL_PHASES:
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    if isinstance(phase, str) and phase in contract.TERMINAL_PHASES:
         return None
     uid = object_key(pod)
     if uid is None:

@@ -8,9 +8,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from extender import cache_assumed
 from extender.app import create_app
+from extender.records import pod_record
 from tests.factories import make_node, make_pod
 from tests.fakeapi import FakeCore, synced_cache
 
@@ -131,3 +134,33 @@ def _wait(condition, what, timeout=5.0):
             return
         time.sleep(0.01)
     raise AssertionError(f"timed out: {what}")
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    status=JSON | st.fixed_dictionaries({"phase": JSON}),
+    annotations=JSON | st.dictionaries(st.sampled_from(["gpu-scheduler.io/group"]), JSON),
+    resources=JSON,
+    uid=JSON,
+)
+def test_a_hostile_pod_from_a_filter_call_never_breaks_the_pick(
+    status, annotations, resources, uid
+):
+    """A filter call's Pod is not what the API server validated: whatever its status,
+    annotations, resources or uid hold, pod_record (what the cache assumes) never
+    raises (the fuzz campaign found status.phase as a list answered 500)."""
+    pod = make_pod("p", 2)
+    pod["status"] = status
+    pod["metadata"]["annotations"] = annotations
+    pod["metadata"]["uid"] = uid
+    pod["spec"]["containers"][0]["resources"] = resources
+    pod_record({**pod, "spec": {**pod["spec"], "nodeName": "n0"}})
