@@ -180,7 +180,7 @@ def _gpu_json(gpu: Gpu) -> dict[str, Any]:
         "index": gpu.index,
         "uuid": gpu.uuid,
         "name": gpu.name,
-        "memoryMiB": gpu.memory_mib,
+        contract.GPU_MEMORY_MIB: gpu.memory_mib,
         "computeCapability": gpu.compute_capability,
         "migCapable": gpu.mig_capable,
         "migEnabled": gpu.mig_enabled,

@@ -17,6 +17,9 @@ from gpu_scheduler.textclip import clip, clip_text
 
 # --- resources ---------------------------------------------------------------------
 RESOURCE_GPU = "nvidia.com/gpu"
+#: A share of one GPU, by its memory: 1 unit = 1 GiB (gpu_scheduler/sharing.py). Served
+#: by the agent's device plugin on nodes labelled LABEL_GPU_SHARING.
+RESOURCE_GPU_MEMORY = "gpu-scheduler.io/gpu-memory"
 SCHEDULER_NAME = "gpu-scheduler"
 DEFAULT_SCHEDULER = "default-scheduler"
 
@@ -79,6 +82,17 @@ AGENT_LABELS: tuple[str, ...] = (
 #: to (a pod pending on a sick GPU is retried when it recovers), and so that
 #: ``kubectl get nodes -l gpu-scheduler.io/gpus-unhealthy`` finds the sick nodes.
 LABEL_GPUS_UNHEALTHY = "gpu-scheduler.io/gpus-unhealthy"
+#: Set by the admin: the node's GPUs are shared by the agent's device plugin, which
+#: then serves RESOURCE_GPU_MEMORY and RESOURCE_GPU both (NVIDIA's device plugin must
+#: not run there). ``mps``: each share is held to its memory by MPS; ``time-slicing``:
+#: shares are bookkeeping only. Absent: whole GPUs from NVIDIA's plugin.
+LABEL_GPU_SHARING = "gpu-scheduler.io/gpu-sharing"
+SHARING_MODES = ("mps", "time-slicing")
+#: Environment variables the device plugin sets in a container given a share (which
+#: GPU, its MPS limits and pipe): a pod asking a share may not set these itself (the
+#: kubelet puts the pod's own env after the plugin's, and the runtime keeps the last).
+SHARE_ENV = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+SHARE_ENV_PREFIXES = ("CUDA_MPS_", "GPU_SCHEDULER_")
 #: Labels the agent writes whether or not GPU Feature Discovery labels the node.
 AGENT_OWN_LABELS: tuple[str, ...] = (LABEL_GPUS_UNHEALTHY,)
 
@@ -140,12 +154,16 @@ ANN_GPUS = "gpu-scheduler.io/gpus"
 #: few minutes (a Node write fanned out to every Node watcher). Nothing reads it any
 #: more; the agent still owns the key, to remove it from its node (docs/UPGRADING.md).
 ANN_LEGACY_HEARTBEAT = "gpu-scheduler.io/agent-heartbeat"
-AGENT_ANNOTATIONS: tuple[str, ...] = (ANN_GPUS, ANN_LEGACY_HEARTBEAT)
+#: What each GPU of a shared node has given out, as its kubelet says (PodResources):
+#: JSON, GPU UUID -> "namespace/name" -> units held, or "whole" (sharing.read_report).
+ANN_GPU_SHARES = "gpu-scheduler.io/gpu-shares"
+AGENT_ANNOTATIONS: tuple[str, ...] = (ANN_GPUS, ANN_LEGACY_HEARTBEAT, ANN_GPU_SHARES)
 #: Keys of each GPU's entry in ANN_GPUS (a JSON array ordered by index) that the
 #: extender reads: whether it is healthy, why not, its MIG devices.
 GPU_UUID, GPU_HEALTHY, GPU_REASON = "uuid", "healthy", "reason"
 GPU_XID, GPU_SINCE = "xid", "since"
 GPU_MIG_ENABLED, GPU_MIG_DEVICES = "migEnabled", "migDevices"
+GPU_MEMORY_MIB = "memoryMiB"
 #: An ANN_GPUS value longer than this is not read (a node has at most a few dozen GPUs).
 MAX_GPUS_ANNOTATION = 64 << 10
 

@@ -58,6 +58,7 @@ from gpu_scheduler.contract import (
     ANN_SKIP_MUTATION,
     DEFAULT_SCHEDULER,
     RESOURCE_GPU,
+    RESOURCE_GPU_MEMORY,
 )
 from gpu_scheduler.fields import (
     FieldError,
@@ -68,6 +69,13 @@ from gpu_scheduler.fields import (
     string_at,
 )
 from gpu_scheduler.podspec import pod_gpu_request, pod_group_name
+from gpu_scheduler.sharing import (
+    NO_SHARES,
+    ShareError,
+    ShareRequest,
+    pod_shares,
+    reserved_env,
+)
 from gpu_scheduler.textclip import clip_text
 from webhook import affinity
 from webhook.config import WebhookConfig
@@ -81,7 +89,9 @@ OPTED_OUT = "opted-out"
 NODE_DECIDED = "node-decided"  # spec.nodeName, or a DaemonSet's pod: left alone
 UNINTERPRETABLE = "uninterpretable"
 IGNORED = "ignored"  # not a Pod CREATE
-REFUSED = "refused"  # its node affinity cannot be written within the cap
+#: its node affinity cannot be written within the cap, or a GPU share it asks for
+#: cannot be met or would set what only the node may
+REFUSED = "refused"
 OUTCOMES = (
     MUTATED,
     UNCHANGED,
@@ -105,6 +115,7 @@ class Decision:
     patch: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     gpus: int = 0
+    shares: int = 0  # units of gpu-memory asked, all containers together
     changes: tuple[str, ...] = ()  # "schedulerName", "tolerations"
     scheduler: str | None = None  # the pod's scheduler after the patch
     detail: str = ""
@@ -130,22 +141,29 @@ def decide(pod: Any, cfg: WebhookConfig) -> Decision:
         if exc.wrong_type:
             raise
         return _uninterpretable(f"cannot read its {RESOURCE_GPU} request: {exc}")
+    shares, refusal = _shares(spec)
     current = string_at(spec, "schedulerName", "spec.schedulerName")
     decided = node_decided(metadata, spec)
     raw_tolerations = spec.get("tolerations")
     tolerations = list_at(spec, "tolerations", "spec.tolerations")
     have = [_checked_toleration(t, f"spec.tolerations[{i}]") for i, t in enumerate(tolerations)]
-    if gpus <= 0:
+    if gpus <= 0 and not shares and refusal is None:
         return _gang_member(annotations, spec, current, decided, cfg)
     if decided:
         scheduler = current or DEFAULT_SCHEDULER
         return Decision(NODE_DECIDED, gpus=gpus, scheduler=scheduler, detail=decided)
+    refusal = refusal or (reserved_env(spec) if shares else None)
+    if refusal is not None:
+        return Decision(REFUSED, gpus=gpus, detail=clip_text(refusal, MAX_WARNING))
 
     patch: list[dict[str, Any]] = []
     warnings: list[str] = []
     changes: list[str] = []
     scheduler = current or DEFAULT_SCHEDULER
-    if _routes(spec, current, cfg, f"the pod requests {gpus} {RESOURCE_GPU}", patch, warnings):
+    asks = f"{gpus} {RESOURCE_GPU}" if gpus else ""
+    if shares:
+        asks += f"{' and ' if asks else ''}{shares.total} {RESOURCE_GPU_MEMORY}"
+    if _routes(spec, current, cfg, f"the pod requests {asks}", patch, warnings):
         changes.append("schedulerName")
         scheduler = cfg.scheduler_name
 
@@ -175,9 +193,24 @@ def decide(pod: Any, cfg: WebhookConfig) -> Decision:
         patch=patch,
         warnings=warnings,
         gpus=gpus,
+        shares=shares.total,
         changes=tuple(changes),
         scheduler=scheduler,
     )
+
+
+def _shares(spec: Mapping[str, Any]) -> tuple[ShareRequest, str | None]:
+    """The GPU shares a pod asks for, or why no GPU could meet them (then it is refused:
+    unlike a malformed nvidia.com/gpu, the API server has no rule of its own for it).
+    Raises :class:`FieldError` for a field of the wrong JSON type."""
+    try:
+        return pod_shares(spec), None
+    except FieldError as exc:
+        if exc.wrong_type:
+            raise
+        return NO_SHARES, f"cannot read its {RESOURCE_GPU_MEMORY} request: {exc}"
+    except ShareError as exc:
+        return NO_SHARES, str(exc)
 
 
 def _routes(
