@@ -36,6 +36,7 @@ from extender.engine import (
 from extender.explain import Decision, Explainer, decision, only_fit
 from extender.model import NodeFacts, PodFacts, node_facts, pod_facts
 from extender.policies import Policy, build_policies
+from extender.policies.gpu import share_gpu
 from extender.policies.group import group_state
 from extender.prepared import PreparedAnswers
 from extender.records import object_key
@@ -288,7 +289,7 @@ class Decider:
         the rate)."""
         explainer = self.explainer
         uid = _uid(req.args.pod)
-        if explainer is None or req.pod.gpus == 0 or uid is None:
+        if explainer is None or (req.pod.gpus == 0 and not req.pod.shares) or uid is None:
             return None, False
         return uid, explainer.admit()
 
@@ -314,6 +315,8 @@ class Decider:
             note=self._group_note(req),
             first=first,
             avoided=avoided,
+            shares=req.pod.shares,
+            gpu=lambda i: share_gpu(req.pod, req.nodes.at(i), req.view),
         )
 
     def _score(self, req: Call) -> tuple[bytes, dict[str, Any], Decision | None]:

@@ -23,12 +23,12 @@ from extender import dra_index, metrics
 from extender.cache_assumed import AssumedPicks
 from extender.cache_dra import DraEvents
 from extender.cache_recheck import RecheckAccess
+from extender.cache_shares import PodAccounting
 from extender.columns import FreeState, NodeTable, free_state
 from extender.dra_index import DraIndex
 from extender.layered import Layered
 from extender.model import NodeFacts, lease_heartbeat, node_facts
 from extender.records import PodRecord, object_key, pod_record
-from extender.records import add_count as _add
 from extender.records import reduced as _reduced
 from extender.reflector import Reflector
 from extender.view import View
@@ -51,7 +51,7 @@ READERS_ACTIVE = 2.0
 EAGER_GAP = 0.004
 
 
-class ClusterCache(DraEvents, RecheckAccess, AssumedPicks):
+class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PodAccounting):
     """Node facts and GPU use, kept current by list+watch; :meth:`view` for readers."""
 
     def __init__(
@@ -97,6 +97,7 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks):
         self._free: Layered[str, FreeState] = Layered()
         # The same facts and FreeState as rows (extender.columns), for the hot path.
         self._table = NodeTable()
+        self._init_accounting()  # extender/cache_shares.py
         self._lock = threading.RLock()  # re-entered by the recheck's apply_unless_moved
         # Per node, the number of the last change to what the recheck reads of it (its
         # Node, pods, slices: extender/cache_recheck.py); a relist starts a new epoch.
@@ -175,8 +176,9 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks):
         if old is not None and old.version == version:
             used, groups, pods = old.used, old.groups, old.pods
             free, mix, table = old.free, old.mix, old.table
+            gpus, share_mix = old.gpus, old.share_mix
         else:
-            free = self._free.snapshot()
+            free, gpus, share_mix = self._free.snapshot(), self._gpus.snapshot(), self.share_mix()
             table = self._table.snapshot()
             mix = self._shapes.mix()
             used = self._used.snapshot().with_entries(
@@ -192,6 +194,8 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks):
             used=used,
             free=free,
             mix=mix,
+            gpus=gpus,
+            share_mix=share_mix,
             groups=groups,
             pressure=MappingProxyType(
                 product_pressure(self._demand, self._demand_total, self._capacity)
@@ -278,19 +282,23 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks):
         self._refresh_free(name)
 
     def _refresh_free(self, name: str) -> None:
-        """Recompute a node's FreeState from its facts and its pods (lock held)."""
+        """Recompute a node's FreeState (and on a sharing node its GPUs) from its facts
+        and its pods (lock held)."""
         facts = self._nodes.get(name)
         if facts is None:
             self._free.pop(name, None)
+            self._gpus.pop(name, None)
             self._table.put(name, None, None)
             return
+        gpus = self._shared_gpus(name, facts)
         state = self._free[name] = free_state(
             facts,
             self._gpus_used(name, facts),
             self._cpu_used.get(name, 0),
             self._ram_used.get(name, 0),
+            gpus,
         )
-        self._table.put(name, facts, state)
+        self._table.put(name, facts, state, gpus)
 
     def _gpus_used(self, name: str, facts: NodeFacts) -> int:
         """GPUs in use on a node: on a DRA node the claims' devices, not the pods'
@@ -378,6 +386,7 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks):
             self._pods, self._node_pods = {}, {}
             self._used, self._groups, self._demand, self._demand_total = Layered(), {}, {}, 0
             self._cpu_used, self._ram_used, self._shapes = {}, {}, ShapeCounts()
+            self._share_counts = {}
             for uid, record in records.items():
                 self._pods[uid] = record
                 self._node_pods.setdefault(record.node, []).append(uid)
@@ -404,29 +413,6 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks):
         first = old is None or assumed
         if first and new is not None and new[1].gpus and self.on_bound is not None:
             self.on_bound(new[0], new[1].node)
-
-    def _account(self, record: PodRecord, sign: int) -> None:
-        _add(self._used, record.node, sign * record.gpus)
-        if record.gpus:
-            _add(self._cpu_used, record.node, sign * record.cpu_milli)
-            _add(self._ram_used, record.node, sign * record.ram_mib)
-            self._shapes.add(record.shape(), sign)
-        self._demand_total += sign * record.gpus
-        for product in record.products or ():
-            share = self._demand.get(product, 0.0) + sign * record.gpus / len(record.products)
-            if share > 1e-9:
-                self._demand[product] = share
-            else:
-                self._demand.pop(product, None)
-        if record.group is not None:
-            members = self._groups.setdefault(record.group, {})
-            count = members.get(record.node, 0) + sign
-            if count > 0:
-                members[record.node] = count
-            else:
-                members.pop(record.node, None)
-                if not members:
-                    del self._groups[record.group]
 
     # --- list+watch ---------------------------------------------------------------
     def start(

@@ -25,6 +25,7 @@ from operator import itemgetter
 import numpy as np
 
 from extender.model import NodeFacts
+from gpu_scheduler.sharing import Gpu, node_state
 
 #: What a node has left for the next GPU pod: (free GPUs of those it can give (see
 #: ``NodeFacts.usable``), free CPU millicores, free memory MiB, GPU model). CPU and
@@ -34,10 +35,21 @@ FreeState = tuple[int, int, int, str | None]
 UNLIMITED = 1 << 62
 
 
-def free_state(node: NodeFacts, used_gpus: int, cpu_used: int, ram_used: int) -> FreeState:
+def free_state(
+    node: NodeFacts,
+    used_gpus: int,
+    cpu_used: int,
+    ram_used: int,
+    gpus: Sequence[Gpu] | None = None,
+) -> FreeState:
+    """On a sharing node (``gpus``: its GPUs as shares are placed), a whole GPU is free
+    only where no share is placed either."""
     cpu, ram = node.cpu_milli, node.ram_mib
+    free = node.usable - used_gpus
+    if gpus is not None:
+        free = min(free, sum(1 for g in gpus if g.whole_free))
     return (
-        node.usable - used_gpus,
+        free,
         UNLIMITED if cpu is None else cpu - cpu_used,
         UNLIMITED if ram is None else ram - ram_used,
         node.model,
@@ -47,9 +59,12 @@ def free_state(node: NodeFacts, used_gpus: int, cpu_used: int, ram_used: int) ->
 #: Row layout: present and readable (1/0), allocatable GPUs, free GPUs, free CPU
 #: (millicores), free memory (MiB), GPU model code, GPU memory per pod (MiB; -1 none),
 #: labelled as a GPU node (1/0), spot capacity (1/0), zone code, PreferNoSchedule
-#: taints (1/0; which ones: ``NodeFacts.soft_taints``).
+#: taints (1/0; which ones: ``NodeFacts.soft_taints``), the largest share one GPU
+#: can still take (units of gpu-memory; -1: not a sharing node), the units free for
+#: shares on all its GPUs.
 OK, ALLOC, FREE, CPU, RAM, MODEL, MEMORY, LABELLED, SPOT, ZONE, SOFT = range(11)
-WIDTH = 11
+LARGEST, SHARE_FREE = 11, 12
+WIDTH = 13
 #: Every value is kept inside this (the facts are clamped far below it already), so
 #: the arithmetic a policy does on a row (free - request) cannot overflow int64.
 LIMIT = 1 << 61
@@ -97,10 +112,18 @@ class Codes:
         return out
 
 
-def row(facts: NodeFacts, free: FreeState, models: Codes, zones: Codes) -> list[int]:
-    """A node's row (:data:`WIDTH` integers) from its facts and its FreeState."""
+def row(
+    facts: NodeFacts,
+    free: FreeState,
+    models: Codes,
+    zones: Codes,
+    shared: Sequence[Gpu] | None = None,
+) -> list[int]:
+    """A node's row (:data:`WIDTH` integers) from its facts, its FreeState, and on a
+    sharing node its GPUs."""
     gpus, cpu, ram, _ = free
     memory = facts.memory_mib
+    largest = max((g.free for g in shared), default=0) if shared is not None else -1
     return [
         1 if facts.error is None else 0,
         facts.allocatable,
@@ -113,6 +136,8 @@ def row(facts: NodeFacts, free: FreeState, models: Codes, zones: Codes) -> list[
         1 if facts.capacity_type == "spot" else 0,
         zones.code(facts.zone),
         1 if facts.soft_taints else 0,
+        largest,
+        sum(g.free for g in shared) if shared is not None else 0,
     ]
 
 
@@ -181,8 +206,15 @@ class NodeTable:
     def __len__(self) -> int:
         return len(self._slots)
 
-    def put(self, name: str, facts: NodeFacts | None, free: FreeState | None) -> None:
-        """Set a node's row (``facts`` None: the node is gone)."""
+    def put(
+        self,
+        name: str,
+        facts: NodeFacts | None,
+        free: FreeState | None,
+        gpus: Sequence[Gpu] | None = None,
+    ) -> None:
+        """Set a node's row (``facts`` None: the node is gone; ``gpus``: a sharing
+        node's GPUs)."""
         slot = self._slots.get(name)
         if facts is None or free is None:
             if slot is not None:
@@ -196,7 +228,7 @@ class NodeTable:
             slot = self._spare.pop() if self._spare else self._grow()
             self._slots[name] = slot
             self._slots_copy = None
-        self._cols[:, slot] = row(facts, free, self.models, self.zones)
+        self._cols[:, slot] = row(facts, free, self.models, self.zones, gpus)
         self._beats[slot] = _beat(facts)
 
     def _grow(self) -> int:
@@ -309,9 +341,10 @@ class Candidates:
             if node is None or node.error is not None:
                 continue
             state = free.get(node.name)
+            shared = node_state(node.shared.gpus) if node.shared is not None else None
             if state is None:
-                state = free_state(node, used.get(node.name, 0), 0, 0)
-            rows.append(row(node, state, models, zones))
+                state = free_state(node, used.get(node.name, 0), 0, 0, shared)
+            rows.append(row(node, state, models, zones, shared))
             beats.append(_beat(node))
             where.append(i)
         cols = np.array(rows, dtype=np.int64).T if rows else np.zeros((WIDTH, 0), np.int64)

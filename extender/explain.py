@@ -59,6 +59,8 @@ class Candidate:
     note: str | None = None
     #: Passed over by a filter that picks, for soft taints the pod does not tolerate
     avoided: bool = False
+    #: The GPU a pod's (largest) share goes to there, by the fit rule; else None
+    gpu: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,8 @@ class Decision:
     #: The extender picked the node itself, in filter (extender/choice.py): ties were
     #: its to break, and nodes with soft taints the pod does not tolerate came last.
     picked: bool = False
+    #: Units of gpu-memory per container that asks a share.
+    shares: tuple[int, ...] = ()
 
 
 def decision(
@@ -92,6 +96,8 @@ def decision(
     note: Callable[[int], str | None] | None = None,
     first: int | None = None,
     avoided: Callable[[int], bool] | None = None,
+    shares: tuple[int, ...] = (),
+    gpu: Callable[[int], str | None] | None = None,
 ) -> Decision:
     """What one scoring decided (a prioritize call, or a filter that picked): the
     ``keep`` best candidates (:func:`best`), each with every scoring policy's 0..10
@@ -116,11 +122,14 @@ def decision(
             health(i) if health is not None else None,
             note(i) if note is not None else None,
             avoided(i) if avoided is not None else False,
+            gpu(i) if gpu is not None else None,
         )
         for k, i in enumerate(order)
     )
     used = tuple((p, weights.get(p, 0)) for p in parts)
-    return Decision(namespace, name, uid, gpus, len(names), top, used, picked=first is not None)
+    return Decision(
+        namespace, name, uid, gpus, len(names), top, used, picked=first is not None, shares=shares
+    )
 
 
 def best(names: Sequence[str], scores: Sequence[int], keep: int) -> list[int]:
@@ -170,6 +179,10 @@ def explain(d: Decision, chosen: str) -> str:
     weights = dict(d.weights)
     rank = next((i for i, c in enumerate(d.top) if c.node == chosen), None)
     head = f"{d.gpus} GPU{'s' if d.gpus != 1 else ''} on {chosen}"
+    if d.shares:
+        where = d.top[rank].gpu if rank is not None else None
+        asked = "+".join(map(str, d.shares))
+        head = f"a {asked} GiB share{' of ' + where if where else ''} on {chosen}"
     if rank is None:
         best = d.top[0] if d.top else None
         text = (

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
-from gpu_scheduler import contract, podspec
+from gpu_scheduler import contract, podspec, sharing
 from gpu_scheduler.constraints import annotation_reader, hard_constraints
 from gpu_scheduler.fields import FieldError, expect_object, object_at, string_at
 from gpu_scheduler.quantity import (
@@ -90,6 +90,8 @@ class NodeFacts:
     domains: tuple[tuple[str, str], ...] | None = None
     #: Its ``PreferNoSchedule`` taints, (key, value) (gpu_scheduler/taints.py).
     soft_taints: tuple[SoftTaint, ...] = ()
+    #: Its GPUs as shares are placed on them (None: not a sharing node).
+    shared: SharedNode | None = None
 
     def __post_init__(self) -> None:
         product, zone = self.product, self.zone
@@ -117,6 +119,41 @@ class NodeFacts:
     @property
     def has_gpus(self) -> bool:
         return self.allocatable > 0 or self.labelled_gpu
+
+
+@dataclass(frozen=True, slots=True)
+class SharedNode:
+    """A node whose GPUs the agent's device plugin shares (``gpu-scheduler.io/gpu-sharing``,
+    or allocatable ``gpu-scheduler.io/gpu-memory``): its mode, its GPUs as (UUID,
+    capacity units, healthy) (:func:`gpu_scheduler.sharing.node_gpus`), what it
+    reported each pod holds, and the units it advertises."""
+
+    mode: str
+    gpus: tuple[tuple[str, int, bool], ...]
+    report: Mapping[str, Mapping[str, int | str]] | None
+    allocatable: int
+
+
+def _shared_node(
+    labels: Mapping[str, Any], annotations: Mapping[str, Any], allocatable: Mapping[str, Any]
+) -> SharedNode | None:
+    mode = labels.get(contract.LABEL_GPU_SHARING)
+    raw = allocatable.get(contract.RESOURCE_GPU_MEMORY)
+    units = 0
+    if raw is not None:
+        try:
+            units = min(parse_count(raw, "allocatable GPU memory"), sharing.MAX_UNITS * 64)
+        except QuantityError:
+            units = 0
+    if mode not in contract.SHARING_MODES and units <= 0:
+        return None
+    gpus = sharing.node_gpus(
+        annotations.get(contract.ANN_GPUS),
+        contract.label_int(labels.get(contract.LABEL_GPU_COUNT)),
+        contract.node_gpu_memory_mib(labels),
+    )
+    report = sharing.read_report(annotations.get(contract.ANN_GPU_SHARES))
+    return SharedNode(mode if isinstance(mode, str) else "unlabelled", gpus, report, units)
 
 
 def _opt_intern(value: str | None) -> str | None:
@@ -185,6 +222,7 @@ def _node_facts(
         ram_mib=_mib(allocatable_map.get("memory")),
         health=health,
         soft_taints=node_soft_taints(node.get("spec")),
+        shared=_shared_node(labels, annotations, allocatable_map),
     )
 
 
@@ -262,6 +300,8 @@ class PodFacts:
     preference: str | None = None
     #: Its tolerations that can match a ``PreferNoSchedule`` taint.
     soft_tolerations: tuple[SoftToleration, ...] = ()
+    #: Units of gpu-scheduler.io/gpu-memory per container that asks a share.
+    shares: tuple[int, ...] = ()
 
     @property
     def key(self) -> str:
@@ -290,8 +330,11 @@ def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> Pod
         meta = expect_object(meta, "metadata")
         annotations = object_at(meta, "annotations", "metadata.annotations")
         gpus = podspec.pod_gpu_request(pod.get("spec"))
+        shares = sharing.pod_shares(pod.get("spec")).units
     except FieldError as exc:
         return PodFacts(namespace, name, 0, error=f"the Pod object is malformed: {exc}")
+    except sharing.ShareError as exc:
+        return PodFacts(namespace, name, gpus, error=str(exc))
     hard = hard_constraints(annotations)
     errors = list(hard.errors)
     annotation = annotation_reader(annotations, errors)
@@ -303,7 +346,7 @@ def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> Pod
         placement = default_placement
 
     spot = hard.spot
-    if spot is None and gpus > 0:
+    if spot is None and (gpus > 0 or shares):
         spot = "avoid"
 
     group = annotation(contract.ANN_GROUP) or None
@@ -323,6 +366,7 @@ def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> Pod
         ram_mib=ram_mib,
         preference=preference,
         soft_tolerations=tolerations,
+        shares=shares,
     )
 
 

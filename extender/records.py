@@ -9,13 +9,13 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 from extender.workload import TaskShape, task_shape
-from gpu_scheduler import contract, podspec
+from gpu_scheduler import contract, podspec, sharing
 from gpu_scheduler.constraints import annotation_reader, hard_constraints
 from gpu_scheduler.fields import FieldError
 
 
 class PodRecord:
-    __slots__ = ("cpu_milli", "gpus", "group", "node", "products", "ram_mib")
+    __slots__ = ("cpu_milli", "gpus", "group", "key", "node", "products", "ram_mib", "shares")
 
     def __init__(
         self,
@@ -25,6 +25,8 @@ class PodRecord:
         products: tuple[str, ...] | None = None,
         cpu_milli: int = 0,
         ram_mib: int = 0,
+        shares: tuple[int, ...] = (),
+        key: str = "",
     ) -> None:
         self.node = node
         self.gpus = gpus
@@ -32,6 +34,10 @@ class PodRecord:
         self.products = products  # gpu-products it is restricted to, if any
         self.cpu_milli = cpu_milli
         self.ram_mib = ram_mib
+        #: Units of gpu-memory per container that asks a share, and namespace/name (how
+        #: a node's report names it); the key only for a GPU pod.
+        self.shares = shares
+        self.key = key
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PodRecord) and all(
@@ -66,6 +72,10 @@ def pod_record(pod: Mapping[str, Any]) -> tuple[str, PodRecord] | None:
         gpus = podspec.pod_gpu_request(spec)
     except FieldError:
         gpus = 0
+    try:
+        shares = sharing.pod_shares(spec).units
+    except (FieldError, sharing.ShareError):
+        shares = ()  # the API server or the webhook refuses such a pod; never bound
     annotations = meta.get("annotations")
     annotations = annotations if isinstance(annotations, Mapping) else {}
     # The pod's knobs, read as the extender reads them for a pod it scores (pod_facts):
@@ -75,12 +85,16 @@ def pod_record(pod: Mapping[str, Any]) -> tuple[str, PodRecord] | None:
     group = None
     if group_name:
         group = (sys.intern(namespace if isinstance(namespace, str) else "default"), group_name)
-    if gpus == 0 and group is None:
+    if gpus == 0 and group is None and not shares:
         return None
     products = hard_constraints(annotations).products if gpus else None
     restricted = tuple(sorted(sys.intern(p) for p in products)) if products else None
     cpu_milli, ram_mib = podspec.pod_cpu_memory(spec) if gpus else (0, 0)
-    return uid, PodRecord(sys.intern(node), gpus, group, restricted, cpu_milli, ram_mib)
+    name = meta.get("name")
+    key = f"{namespace}/{name}" if (gpus or shares) and isinstance(name, str) else ""
+    return uid, PodRecord(
+        sys.intern(node), gpus, group, restricted, cpu_milli, ram_mib, shares, key
+    )
 
 
 def object_key(obj: Any) -> str | None:

@@ -14,9 +14,11 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from extender.cache_shares import ShareClass
 from extender.columns import Candidates, FreeState, TableSnapshot
 from extender.model import NodeFacts
 from extender.workload import MixEntry
+from gpu_scheduler.sharing import Gpu, node_state
 
 EMPTY: Mapping[Any, Any] = MappingProxyType({})
 
@@ -28,12 +30,14 @@ class View:
         "age",
         "beats",
         "free",
+        "gpus",
         "groups",
         "knows_usage",
         "mix",
         "nodes",
         "pods",
         "pressure",
+        "share_mix",
         "stale",
         "table",
         "time",
@@ -48,6 +52,8 @@ class View:
         used: Mapping[str, int] = EMPTY,
         free: Mapping[str, FreeState] = EMPTY,
         mix: tuple[MixEntry, ...] = (),
+        gpus: Mapping[str, tuple[Gpu, ...]] = EMPTY,
+        share_mix: tuple[ShareClass, ...] = (),
         groups: Mapping[tuple[str, str], Mapping[str, int]] = EMPTY,
         pressure: Mapping[str, float] = EMPTY,
         beats: Sequence[float] = (),
@@ -68,6 +74,10 @@ class View:
         self.free = free
         #: The shapes of the bound GPU pods, heaviest first (extender.workload).
         self.mix = mix
+        #: Each sharing node's GPUs as shares are placed on them (cache_shares).
+        self.gpus = gpus
+        #: What bound pods ask of GPUs, by share size and whole count (cache_shares).
+        self.share_mix = share_mix
         #: (namespace, group) -> node -> pods of that placement group bound there.
         self.groups = groups
         self.pressure = pressure
@@ -94,6 +104,14 @@ class View:
         GPUs less the ones in use."""
         state = self.free.get(node.name)
         return state[0] if state is not None else node.usable - self.used.get(node.name, 0)
+
+    def shared_gpus(self, node: NodeFacts) -> tuple[Gpu, ...]:
+        """A sharing node's GPUs as shares are placed: the cache's, or for a node it
+        does not keep (args mode) its GPUs as if nothing were placed."""
+        state = self.gpus.get(node.name)
+        if state is not None:
+            return state
+        return node_state(node.shared.gpus) if node.shared is not None else ()
 
     def group_zones(self, namespace: str, group: str) -> dict[str, int]:
         """Zone -> pods of this placement group already running there."""

@@ -20,6 +20,12 @@ restricted to it grows.
 
 Free GPUs, CPU and memory are each node's :data:`~extender.columns.FreeState`, which
 the cache keeps current as pods come and go, read as the candidates' columns.
+
+A pod asking a share of one GPU is scored on partial GPUs, as the paper measures them
+(:func:`extender.share_columns.share_fragments`): each sharing candidate's GPUs after the
+fit rule places the pod, against the mix of what bound pods ask of GPUs (share sizes
+and whole-GPU counts, ``View.share_mix``). The score is again
+``F(before) - F(after)``, in units of GPU memory.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import numpy as np
 from extender.columns import CPU, FREE, MODEL, RAM, Candidates, Codes, bound
 from extender.model import PodFacts
 from extender.policies.base import ClusterView, Policy
+from extender.share_columns import gpu_matrix, place, share_fragments
 from extender.workload import MixEntry
 
 
@@ -41,6 +48,13 @@ class _State:
     cpu_milli: int
     ram_mib: int
     mix: tuple[MixEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _ShareState:
+    gpus: int
+    shares: tuple[int, ...]
+    mix: tuple[tuple[str, int, float], ...]
 
 
 class FragmentationPolicy(Policy):
@@ -61,12 +75,22 @@ class FragmentationPolicy(Policy):
         self._last = (mix, models, len(models.values), made)
         return made
 
-    def pre_score(self, pod: PodFacts, view: ClusterView) -> _State | None:
+    def pre_score(self, pod: PodFacts, view: ClusterView) -> _State | _ShareState | None:
+        if pod.shares:
+            if not view.knows_usage or not view.share_mix:
+                return None
+            return _ShareState(pod.gpus, pod.shares, view.share_mix)
         if pod.gpus == 0 or not view.knows_usage or not view.mix:
             return None
         return _State(pod.gpus, pod.cpu_milli, pod.ram_mib, view.mix)
 
-    def score_all(self, state: _State, nodes: Candidates, view: ClusterView) -> np.ndarray:
+    def score_all(
+        self, state: _State | _ShareState, nodes: Candidates, view: ClusterView
+    ) -> np.ndarray:
+        if isinstance(state, _ShareState):
+            free, cap = gpu_matrix(nodes, view)
+            after = place(free, cap, state.shares, state.gpus)[0]
+            return share_fragments(free, cap, state.mix) - share_fragments(after, cap, state.mix)
         cols = nodes.cols
         free, cpu, ram, model = cols[FREE], cols[CPU], cols[RAM], cols[MODEL]
         fragmented = self._evaluator(state.mix, nodes.models)

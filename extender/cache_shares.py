@@ -1,0 +1,99 @@
+"""The cluster cache's accounting of what a bound pod takes on its node: whole GPUs,
+the CPU and memory beside them, its placement group, the demand per product, and on a
+sharing node the state of each GPU (``gpu_scheduler.sharing.usage``: what the node
+reported, then the bound pods it has not reported yet, fitted by the one rule).
+
+Mixed into :class:`~extender.cache.ClusterCache`; every method runs under its lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from extender.layered import Layered
+from extender.model import NodeFacts
+from extender.records import PodRecord
+from extender.records import add_count as _add
+from gpu_scheduler.sharing import BoundPod, Gpu, usage
+
+#: The share classes kept in the mix the share policy scores against (heaviest first).
+MAX_SHARE_CLASSES = 32
+#: (kind, size, weight): kind "share" (size: units on one GPU) or "whole" (size: GPUs).
+ShareClass = tuple[str, int, float]
+
+
+class PodAccounting:
+    """Mixed into the cluster cache: counts a pod's resources on its node."""
+
+    def _init_accounting(self) -> None:
+        #: A sharing node's GPUs as shares are placed (extender/policies/share.py).
+        self._gpus: Layered[str, tuple[Gpu, ...]] = Layered()
+        #: Bound pods by what they ask of a GPU: ("share", units) per container asking
+        #: a share, ("whole", GPUs) per pod asking whole GPUs.
+        self._share_counts: dict[tuple[str, int], int] = {}
+        self._misfits: dict[str, int] = {}
+
+    def _account(self, record: PodRecord, sign: int) -> None:
+        _add(self._used, record.node, sign * record.gpus)
+        if record.gpus or record.shares:
+            _add(self._cpu_used, record.node, sign * record.cpu_milli)
+            _add(self._ram_used, record.node, sign * record.ram_mib)
+        if record.gpus:
+            self._shapes.add(record.shape(), sign)
+        for units in record.shares:
+            _add(self._share_counts, ("share", units), sign)
+        if record.gpus:
+            _add(self._share_counts, ("whole", record.gpus), sign)
+        self._demand_total += sign * record.gpus
+        for product in record.products or ():
+            share = self._demand.get(product, 0.0) + sign * record.gpus / len(record.products)
+            if share > 1e-9:
+                self._demand[product] = share
+            else:
+                self._demand.pop(product, None)
+        if record.group is not None:
+            members = self._groups.setdefault(record.group, {})
+            count = members.get(record.node, 0) + sign
+            if count > 0:
+                members[record.node] = count
+            else:
+                members.pop(record.node, None)
+                if not members:
+                    del self._groups[record.group]
+
+    def _shared_gpus(self, name: str, facts: NodeFacts) -> tuple[Gpu, ...] | None:
+        """Recompute a sharing node's GPUs from its report and its bound pods, in the
+        order they were seen (None, and nothing kept, for a node that does not share)."""
+        shared = facts.shared
+        if shared is None:
+            self._gpus.pop(name, None)
+            self._misfits.pop(name, None)
+            return None
+        pods = self._pods
+        bound = [
+            BoundPod(record.key, record.gpus, record.shares)
+            for uid in self._node_pods.get(name, ())
+            if (record := pods.get(uid)) is not None and (record.gpus or record.shares)
+        ]
+        state, misfits = usage(shared.gpus, shared.report, bound)
+        self._gpus[name] = state
+        if misfits:
+            self._misfits[name] = misfits
+        else:
+            self._misfits.pop(name, None)
+        return state
+
+    def share_mix(self) -> tuple[ShareClass, ...]:
+        """The classes of what bound pods ask of shared nodes, heaviest first, weights
+        summing to 1 (empty when no pod asks a share)."""
+        counts = self._share_counts
+        if not any(kind == "share" for kind, _ in counts):
+            return ()
+        top = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:MAX_SHARE_CLASSES]
+        total = sum(count for _, count in top)
+        return tuple((kind, size, count / total) for (kind, size), count in top)
+
+    @property
+    def misfits(self) -> Mapping[str, int]:
+        """Sharing nodes where bound pods did not fit their GPUs, and how many."""
+        return self._misfits

@@ -1,0 +1,223 @@
+"""The extender places a share on one GPU: per-GPU accounting from the node's report and
+the bound pods, a refusal naming the largest free piece, best fit and FGD on partial
+GPUs, and the vector placement equal to the one fit rule."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extender.app import create_app
+from extender.share_columns import place, share_fragments
+from gpu_scheduler import contract, sharing
+from tests.factories import make_node, make_pod
+from tests.fakeapi import synced_cache
+
+MEM = contract.RESOURCE_GPU_MEMORY
+
+
+def shared_node(name, gpus=2, gib=80, report=None, mode="mps"):
+    node = make_node(
+        name, gpus, product="NVIDIA-H100", memory_mib=gib * 1024,
+        extra_labels={contract.LABEL_GPU_SHARING: mode},
+    )  # fmt: skip
+    node["status"]["allocatable"][MEM] = str(gpus * gib)
+    node["status"]["capacity"][MEM] = str(gpus * gib)
+    entries = [
+        {"uuid": f"GPU-{name}-{i}", contract.GPU_MEMORY_MIB: gib * 1024, "healthy": True}
+        for i in range(gpus)
+    ]
+    annotations = node["metadata"]["annotations"]
+    annotations[contract.ANN_GPUS] = json.dumps(entries)
+    if report is not None:
+        annotations[contract.ANN_GPU_SHARES] = json.dumps(report)
+    return node
+
+
+def share_pod(name, *units, node=None, gpus=0, namespace="default"):
+    pod = make_pod(
+        name, gpus, node=node, namespace=namespace, phase="Running" if node else "Pending"
+    )
+    container = pod["spec"]["containers"][0]
+    for i, amount in enumerate(units):
+        if i == 0:
+            target = container
+        else:
+            target = {"name": f"c{i}", "image": "busybox", "resources": {}}
+            pod["spec"]["containers"].append(target)
+        target["resources"].setdefault("limits", {})[MEM] = str(amount)
+    return pod
+
+
+def body(pod, names):
+    return {"Pod": pod, "Nodes": None, "NodeNames": names}
+
+
+@pytest.fixture
+def make_world():
+    """The cluster (as the API server holds it: filter's recheck reads it again)."""
+    caches = []
+
+    def make(*extra, s1_report=None):
+        nodes = [
+            shared_node("s1", report=s1_report),
+            shared_node("s2"),
+            make_node("w", 8, product="NVIDIA-H100", memory_mib=81920),
+        ]
+        pods = [share_pod("p1", 40, node="s1"), make_pod("p2", 1, node="s2", phase="Running")]
+        cache = synced_cache(nodes, [*pods, *extra], clock=lambda: 1_800_000_000.0)
+        caches.append(cache)
+        return create_app(node_source="cluster", cache=cache).test_client(), cache
+
+    yield make
+    for cache in caches:
+        cache.stop()
+
+
+@pytest.fixture
+def world(make_world):
+    return make_world()
+
+
+def test_the_cache_keeps_each_gpu_of_a_sharing_node(world):
+    _, cache = world
+    view = cache.view()
+    assert [(g.uuid, g.free, g.whole_free) for g in view.gpus["s1"]] == [
+        ("GPU-s1-0", 40, False),
+        ("GPU-s1-1", 80, True),
+    ]
+    # s2's whole-GPU pod takes GPU 0 whole: no share lands there, and one whole is free.
+    assert [(g.free, g.whole_free) for g in view.gpus["s2"]] == [(0, False), (80, True)]
+    assert view.free["s1"][0] == 1 and view.free["s2"][0] == 1
+    assert "w" not in view.gpus
+    assert dict((k, s) for k, s, _ in view.share_mix) == {"share": 40, "whole": 1}
+
+
+def test_a_share_goes_to_the_best_fitting_gpu_and_whole_nodes_are_refused(world):
+    client, _ = world
+    r = client.post("/filter", json=body(share_pod("q", 30), ["s1", "s2", "w"])).get_json()
+    # s1's 40 GiB GPU leaves 10 after 30; s2's free GPU would leave 50.
+    assert r["NodeNames"] == ["s1"]
+    assert "does not share its GPUs" in r["FailedAndUnresolvableNodes"]["w"]
+
+
+def test_a_pod_that_fits_the_total_but_no_single_gpu_waits_with_the_largest_piece(make_world):
+    # Best fit puts p3's 20 on GPU 0 (40 free): 20 and 80 free. 90 fits neither.
+    client, _ = make_world(share_pod("p3", 20, node="s1"))
+    r = client.post("/filter", json=body(share_pod("big", 90), ["s1"])).get_json()
+    assert r["NodeNames"] == []
+    reason = r["FailedAndUnresolvableNodes"]["s1"]
+    assert "no GPU here has 90 GiB (the largest has 80 GiB)" in reason
+    r = client.post("/filter", json=body(share_pod("q", 85 - 5), ["s1"])).get_json()
+    assert r["NodeNames"] == ["s1"]
+    r = client.post("/filter", json=body(share_pod("q", 81 - 1, 30), ["s1"])).get_json()
+    reason = r["FailedNodes"]["s1"]
+    assert "the shares 80+30 GiB fit no set of its GPUs, one GPU each" in reason
+    assert "free: 20, 80 GiB" in reason
+    r = client.post("/filter", json=body(share_pod("q", 50, 50), ["s1"])).get_json()
+    assert "free: 20, 80 GiB" in r["FailedNodes"]["s1"]
+
+
+def test_the_node_report_says_where_a_pod_went(make_world):
+    # The kubelet put p1 on GPU 1, not where the fit replay would have put it.
+    report = {"GPU-s1-1": {"default/p1": 40}, "GPU-s1-0": {"default/gone": 80}}
+    _, cache = make_world(s1_report=report)
+    gpus = cache.view().gpus["s1"]
+    # default/gone is not bound: ignored; p1 is on GPU 1.
+    assert [(g.free, g.whole_free) for g in gpus] == [(80, True), (40, False)]
+
+
+def test_a_whole_gpu_pod_never_takes_a_partly_used_gpu(make_world):
+    # p4 fills GPU 0's 40 free to 30; p5's 50 then goes to GPU 1: both partly used.
+    client, _ = make_world(share_pod("p4", 10, node="s1"), share_pod("p5", 50, node="s1"))
+    r = client.post("/filter", json=body(make_pod("whole", 1), ["s1", "s2"])).get_json()
+    assert r["NodeNames"] == ["s2"]
+    assert r["FailedNodes"]["s1"].startswith("0 of 2 GPUs free")
+
+
+def test_multi_container_pods_place_each_container_on_one_gpu(world):
+    client, _ = world
+    # 40+70: s1 has 40 and 80 -> fits (70 on GPU 1, 40 on GPU 0); s2 has 0 and 80 -> no.
+    r = client.post("/filter", json=body(share_pod("mc", 40, 70), ["s1", "s2"])).get_json()
+    assert r["NodeNames"] == ["s1"]
+    assert "s2" in r["FailedNodes"]
+
+
+def test_a_refused_share_fails_every_node_with_its_reason(world):
+    client, _ = world
+    r = client.post("/filter", json=body(share_pod("bad", "16Gi"), ["s1"])).get_json()
+    assert "write 16, not 16Gi" in r["FailedAndUnresolvableNodes"]["s1"]
+
+
+# --- the vector placement and the measure --------------------------------------------
+
+_gpu = st.tuples(st.integers(1, 80), st.integers(0, 80), st.booleans())
+
+
+def _rows(draw_nodes):
+    gpus = []
+    for node in draw_nodes:
+        row = []
+        for i, (cap, used, whole) in enumerate(node):
+            used = min(used, cap)
+            free = 0 if whole and used else cap - used
+            row.append(sharing.Gpu(f"g{i}", cap, free, free == cap))
+        gpus.append(row)
+    width = max(len(r) for r in gpus)
+    free = np.full((len(gpus), width), -1)
+    cap = np.zeros((len(gpus), width), dtype=np.int64)
+    for i, row in enumerate(gpus):
+        for j, g in enumerate(row):
+            free[i, j], cap[i, j] = g.free, g.capacity
+    return gpus, free, cap
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.lists(_gpu, min_size=1, max_size=8), min_size=1, max_size=6),
+    st.lists(st.integers(1, 80), min_size=1, max_size=3),
+    st.integers(0, 2),
+)
+def test_the_vector_placement_is_the_fit_rule(nodes, shares, whole):
+    gpus, free, cap = _rows(nodes)
+    after, ok, _ = place(free, cap, shares, whole)
+    for i, row in enumerate(gpus):
+        placement = sharing.fit(row, shares, whole)
+        assert ok[i] == (placement is not None)
+        if placement is not None:
+            expect = sharing.after(row, placement, shares)
+            assert [g.free for g in expect] == list(after[i, : len(row)])
+
+
+def test_fgd_prefers_the_placement_that_leaves_usable_pieces():
+    # Mix: half the pods ask 40 GiB, half a whole GPU. Node A: GPUs with 40 and 80
+    # free; node B: 80 and 80. A 40 GiB pod on A fills the 40 (nothing left to
+    # fragment); on B it breaks a whole GPU, which the whole-GPU class then cannot use.
+    mix = (("share", 40, 0.5), ("whole", 1, 0.5))
+    free = np.array([[40, 80], [80, 80]])
+    cap = np.array([[80, 80], [80, 80]])
+    after = place(free, cap, [40])[0]
+    delta = share_fragments(free, cap, mix) - share_fragments(after, cap, mix)
+    assert delta[0] > delta[1]
+
+
+def test_the_explanation_names_the_gpu(world):
+    from extender.explain import decision, explain
+    from extender.model import pod_facts
+    from extender.policies.gpu import share_gpu
+
+    _, cache = world
+    view = cache.view()
+    pod = pod_facts(share_pod("q", 30))
+    assert share_gpu(pod, view.nodes["s1"], view) == "GPU-s1-0"  # the 40 GiB one
+    assert share_gpu(pod, view.nodes["w"], view) is None
+
+    d = decision(
+        "default", "q", "u", 0, ["s1", "s2"], [9, 3], {"gpu": [10.0, 2.0]}, {"gpu": 5},
+        shares=(30,), gpu=lambda i: share_gpu(pod, view.nodes[["s1", "s2"][i]], view),
+    )  # fmt: skip
+    assert explain(d, "s1").startswith("a 30 GiB share of GPU-s1-0 on s1: extender score 9/10")
