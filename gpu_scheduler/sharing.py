@@ -276,6 +276,13 @@ class BoundPod:
     shares: tuple[int, ...]
 
 
+def node_state(gpus: Iterable[tuple[str, int, bool]]) -> tuple[Gpu, ...]:
+    """GPUs given as (UUID, capacity units, healthy), nothing placed on them yet."""
+    return tuple(
+        Gpu(uuid, cap, cap if healthy else 0, healthy and cap > 0) for uuid, cap, healthy in gpus
+    )
+
+
 def usage(
     gpus: Sequence[tuple[str, int, bool]],
     report: Report | None,
@@ -287,8 +294,9 @@ def usage(
     given by :func:`fit`. Returns the GPUs and how many bound pods did not fit (a
     node the kubelet over-committed, or facts that changed under it)."""
     index = {uuid: i for i, (uuid, _, _) in enumerate(gpus)}
-    free = [cap if healthy else 0 for _, cap, healthy in gpus]
-    whole_free = [healthy and cap > 0 for _, cap, healthy in gpus]
+    empty = node_state(gpus)
+    free = [g.free for g in empty]
+    whole_free = [g.whole_free for g in empty]
     bound = {pod.key for pod in pods}
     reported: set[str] = set()
     for uuid, held in (report or {}).items():
@@ -301,7 +309,7 @@ def usage(
             reported.add(key)
             whole_free[i] = False
             free[i] = 0 if units == WHOLE else max(free[i] - int(units), 0)
-    state = [Gpu(u, c, f, w) for (u, c, _), f, w in zip(gpus, free, whole_free, strict=True)]
+    state = [Gpu(g.uuid, g.capacity, f, w) for g, f, w in zip(empty, free, whole_free, strict=True)]
     misfits = 0
     for pod in pods:
         if pod.key in reported:
