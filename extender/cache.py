@@ -176,9 +176,10 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PodAccounting):
         if old is not None and old.version == version:
             used, groups, pods = old.used, old.groups, old.pods
             free, mix, table = old.free, old.mix, old.table
-            gpus, share_mix = old.gpus, old.share_mix
+            gpus, share_mix, claims = old.gpus, old.share_mix, old.claim_shares
         else:
             free, gpus, share_mix = self._free.snapshot(), self._gpus.snapshot(), self.share_mix()
+            claims = MappingProxyType(dict(self._dra.shares.requests))
             table = self._table.snapshot()
             mix = self._shapes.mix()
             used = self._used.snapshot().with_entries(
@@ -196,6 +197,7 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PodAccounting):
             mix=mix,
             gpus=gpus,
             share_mix=share_mix,
+            claim_shares=claims,
             groups=groups,
             pressure=MappingProxyType(
                 product_pressure(self._demand, self._demand_total, self._capacity)

@@ -69,6 +69,9 @@ class PodAccounting:
             self._gpus.pop(name, None)
             self._misfits.pop(name, None)
             return None
+        if facts.dra:  # the claims say what each device gives: nothing to fit
+            state = self._gpus[name] = self._dra.shared_gpus(name)
+            return state
         pods = self._pods
         bound = [
             BoundPod(record.key, record.gpus, record.shares)

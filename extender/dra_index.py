@@ -21,9 +21,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from extender.model import MAX_GPUS, NodeFacts
+from extender.dra_shares import ClaimShares, DraShares
+from extender.model import MAX_GPUS, NodeFacts, SharedNode
 from extender.records import object_key
-from gpu_scheduler import contract, dra
+from gpu_scheduler import contract, dra, sharing
 from gpu_scheduler.contract import GpuHealth
 from gpu_scheduler.quantity import mib
 
@@ -50,15 +51,15 @@ def _gpu(device: dra.Device) -> DraGpu:
     return _GPUS.setdefault(pair, DraGpu(*pair))
 
 
-# A slice as kept: driver, pool, generation, and (node, key, gpu, blocking taints) per
-# device of the class.
-_Slice = tuple[str, str, int, list[tuple[str, dra.DeviceKey, DraGpu, tuple[str, ...]]]]
+# A slice as kept: driver, pool, generation, and (node, key, gpu, blocking taints,
+# allows multiple allocations) per device of the class.
+_Slice = tuple[str, str, int, list[tuple[str, dra.DeviceKey, DraGpu, tuple[str, ...], bool]]]
 
 
 # What a relist hands the index: each object reduced by these (outside the cache's
 # lock, one page at a time), never the raw objects.
 ParsedSlice = tuple[str, tuple[str, str, int, list[dra.Device]]]
-ParsedClaim = tuple[str, frozenset[dra.DeviceKey]]
+ParsedClaim = tuple[str, frozenset[dra.DeviceKey], str | None, ClaimShares | None]
 
 
 def parse_class(obj: Mapping[str, Any]) -> dra.DeviceClass | None:
@@ -76,9 +77,18 @@ def parse_rule(obj: Mapping[str, Any]) -> dra.TaintRule | None:
 
 
 def parse_claim(obj: Mapping[str, Any]) -> ParsedClaim | None:
+    """(key, allocated devices, namespace/name, its share facts) of a claim that holds
+    devices or asks memory of one; None for any other."""
     key = object_key(obj)
     devices = dra.claim_devices(obj)
-    return (key, devices) if key is not None and devices else None
+    consumed = {d: mib(q) for d, q in dra.claim_consumed(obj).items()}
+    asked = tuple(
+        min(-(-mib(q) // sharing.UNIT_MIB), sharing.MAX_UNITS)
+        for q in dra.claim_memory_requests(obj)
+    )
+    if key is None or not (devices or asked):
+        return None
+    return key, devices, _ref(obj), ((consumed, asked) if consumed or asked else None)
 
 
 class DraIndex:
@@ -100,6 +110,9 @@ class DraIndex:
         # not counted in use (they are out of the pool either way).
         self._tainted: dict[dra.DeviceKey, tuple[str, ...]] = {}
         self._rules: dict[str, dra.TaintRule] = {}
+        #: Each node's devices that allow multiple allocations; what claims consume.
+        self._shareable: dict[str, set[dra.DeviceKey]] = {}
+        self.shares = DraShares()
 
     # --- what the cache reads -------------------------------------------------------
     def gpus(self, node: str) -> Mapping[dra.DeviceKey, DraGpu]:
@@ -109,6 +122,18 @@ class DraIndex:
     def used(self, node: str) -> int:
         """Of those without a blocking taint, how many some claim holds."""
         return self._used.get(node, 0)
+
+    def shared_gpus(self, node: str) -> tuple[sharing.Gpu, ...]:
+        """A node with shareable devices: each device as a GPU shares are placed on
+        (extender/dra_shares.py), in device-name order; empty otherwise."""
+        if node not in self._shareable:
+            return ()
+        shareable = self._shareable[node]
+        devices = sorted(self.gpus(node).items(), key=lambda item: item[0][2])
+        return self.shares.gpus(
+            [(k, g.memory_mib, k in shareable, k in self._tainted) for k, g in devices],
+            self._allocated,
+        )
 
     def tainted(self, node: str) -> dict[dra.DeviceKey, tuple[str, ...]]:
         """The node's devices of the class that carry a blocking taint, and their taints."""
@@ -187,7 +212,7 @@ class DraIndex:
     def _kept(self, parsed: tuple[str, str, int, list[dra.Device]]) -> _Slice:
         driver, pool, generation, devices = parsed
         match = self._matcher.matches if self._matcher is not None else lambda _: False
-        kept = [(d.node, d.key, _gpu(d), d.taints) for d in devices if match(d)]
+        kept = [(d.node, d.key, _gpu(d), d.taints, d.shareable) for d in devices if match(d)]
         return (_intern(driver), _intern(pool), generation, kept)
 
     def _put_slice(self, name: str, parsed: tuple[str, str, int, list[dra.Device]]) -> set[str]:
@@ -195,7 +220,7 @@ class DraIndex:
             self.needs_relist = True  # a class may appear and select them
         self._slices[name] = self._kept(parsed)
         kept = self._slices[name][3]
-        nodes = {node for node, _, _, _ in kept}
+        nodes = {node for node, *_ in kept}
         for node in nodes:
             self._node_slices.setdefault(node, set()).add(name)
         return nodes
@@ -204,7 +229,7 @@ class DraIndex:
         old = self._slices.pop(name, None)
         if old is None:
             return set()
-        nodes = {node for node, _, _, _ in old[3]}
+        nodes = {node for node, *_ in old[3]}
         for node in nodes:
             names = self._node_slices.get(node)
             if names is not None:
@@ -221,6 +246,7 @@ class DraIndex:
                 self._device_node.pop(key, None)
                 self._tainted.pop(key, None)
             self._used.pop(node, None)
+            self._shareable.pop(node, None)
             if self._matcher is None:
                 continue
             newest: dict[tuple[str, str], int] = {}
@@ -231,9 +257,11 @@ class DraIndex:
             for driver, pool, generation, devices in slices:
                 if generation != newest[(driver, pool)]:
                     continue
-                for where, key, gpu, own in devices:
+                for where, key, gpu, own, shareable in devices:
                     if where == node:
                         found[key] = gpu
+                        if shareable:
+                            self._shareable.setdefault(node, set()).add(key)
                         taints = self._taints(key, own)
                         if taints:
                             self._tainted[key] = taints
@@ -276,7 +304,11 @@ class DraIndex:
         """All ResourceClaims, as :func:`parse_claim` gave them."""
         before = set(self._used)
         self._claims, self._allocated = {}, {}
-        for key, devices in claims:
+        claims = list(claims)
+        self.shares.replace([(key, ref, shares) for key, _, ref, shares in claims if shares])
+        for key, devices, _, _ in claims:
+            if not devices:
+                continue
             self._claims[key] = devices
             for device in devices:
                 self._allocated[device] = self._allocated.get(device, 0) + 1
@@ -292,10 +324,15 @@ class DraIndex:
         if key is None:
             return set()
         old = self._claims.pop(key, frozenset())
-        new = frozenset() if kind == "DELETED" else dra.claim_devices(obj)
+        parsed = None if kind == "DELETED" else parse_claim(obj)
+        new = parsed[1] if parsed is not None else frozenset()
         if new:
             self._claims[key] = new
         touched = set()
+        ref = parsed[2] if parsed is not None else _ref(obj)
+        for device in self.shares.put(key, ref, parsed[3] if parsed is not None else None):
+            # a consumption on a device, or the claim's request (""): the view changes
+            touched.add(self._device_node.get(device, ""))
         for device, sign in [*((d, -1) for d in old - new), *((d, 1) for d in new - old)]:
             count = self._allocated.get(device, 0) + sign
             if count > 0:
@@ -323,6 +360,7 @@ def gpu_facts(base: NodeFacts | None, index: DraIndex, name: str) -> NodeFacts |
     if base is None or base.error is not None or base.allocatable or not gpus:
         return base
     least = min(gpus.values(), key=lambda g: (g.memory_mib or 0, g.product or ""))
+    shared = index.shared_gpus(name)
     tainted = index.tainted(name)
     health = None
     if tainted:  # the driver's own word (a device taint): believed with or without an agent
@@ -341,4 +379,15 @@ def gpu_facts(base: NodeFacts | None, index: DraIndex, name: str) -> NodeFacts |
         domains=base.domains,
         dra=True,
         health=health,
+        shared=SharedNode("dra", tuple((g.uuid, g.capacity, True) for g in shared), None, 0)
+        if shared
+        else None,
     )
+
+
+def _ref(obj: Mapping[str, Any]) -> str | None:
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    name, namespace = meta.get("name"), meta.get("namespace")
+    return f"{namespace}/{name}" if isinstance(name, str) and isinstance(namespace, str) else None

@@ -302,6 +302,8 @@ class PodFacts:
     soft_tolerations: tuple[SoftToleration, ...] = ()
     #: Units of gpu-scheduler.io/gpu-memory per container that asks a share.
     shares: tuple[int, ...] = ()
+    #: Its ResourceClaims, namespace/name (``View.pod_shares`` reads what they ask).
+    claims: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -367,7 +369,26 @@ def pod_facts(pod: Mapping[str, Any], default_placement: str = "binpack") -> Pod
         preference=preference,
         soft_tolerations=tolerations,
         shares=shares,
+        claims=_claims(pod, namespace),
     )
+
+
+#: A pod names at most this many claims (the API's limit on spec.resourceClaims).
+MAX_CLAIMS = 32
+
+
+def _claims(pod: Mapping[str, Any], namespace: str) -> tuple[str, ...]:
+    """The ResourceClaims a pod uses, as namespace/name: those it names, and those made
+    for it from templates (``status.resourceClaimStatuses``). Never raises."""
+    names: list[str] = []
+    for part, key in (("spec", "resourceClaims"), ("status", "resourceClaimStatuses")):
+        section = pod.get(part)
+        entries = section.get(key) if isinstance(section, Mapping) else None
+        for entry in (entries if isinstance(entries, list) else ())[:MAX_CLAIMS]:
+            name = entry.get("resourceClaimName") if isinstance(entry, Mapping) else None
+            if isinstance(name, str) and 0 < len(name) <= MAX_NAME:
+                names.append(f"{namespace}/{name}")
+    return tuple(dict.fromkeys(names))
 
 
 #: A pod whose preferences cannot be read is taken to have some: the extender then

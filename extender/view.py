@@ -16,7 +16,7 @@ from typing import Any
 
 from extender.cache_shares import ShareClass
 from extender.columns import Candidates, FreeState, TableSnapshot
-from extender.model import NodeFacts
+from extender.model import NodeFacts, PodFacts
 from extender.workload import MixEntry
 from gpu_scheduler.sharing import Gpu, node_state
 
@@ -29,6 +29,7 @@ class View:
     __slots__ = (
         "age",
         "beats",
+        "claim_shares",
         "free",
         "gpus",
         "groups",
@@ -54,6 +55,7 @@ class View:
         mix: tuple[MixEntry, ...] = (),
         gpus: Mapping[str, tuple[Gpu, ...]] = EMPTY,
         share_mix: tuple[ShareClass, ...] = (),
+        claim_shares: Mapping[str, tuple[int, ...]] = EMPTY,
         groups: Mapping[tuple[str, str], Mapping[str, int]] = EMPTY,
         pressure: Mapping[str, float] = EMPTY,
         beats: Sequence[float] = (),
@@ -78,6 +80,8 @@ class View:
         self.gpus = gpus
         #: What bound pods ask of GPUs, by share size and whole count (cache_shares).
         self.share_mix = share_mix
+        #: namespace/name of a ResourceClaim -> GiB its requests ask of one GPU each.
+        self.claim_shares = claim_shares
         #: (namespace, group) -> node -> pods of that placement group bound there.
         self.groups = groups
         self.pressure = pressure
@@ -112,6 +116,15 @@ class View:
         if state is not None:
             return state
         return node_state(node.shared.gpus) if node.shared is not None else ()
+
+    def pod_shares(self, pod: PodFacts) -> tuple[int, ...]:
+        """What a pod asks of shared GPUs: its gpu-memory shares, else what its
+        ResourceClaims ask of a shareable DRA device (kube-scheduler allocates those;
+        the policies score them)."""
+        if pod.shares or not pod.claims:
+            return pod.shares
+        get = self.claim_shares.get
+        return tuple(units for ref in pod.claims for units in get(ref, ()))
 
     def group_zones(self, namespace: str, group: str) -> dict[str, int]:
         """Zone -> pods of this placement group already running there."""

@@ -71,6 +71,9 @@ class Device:
     #: Its taints that keep new pods off it (KEP-5055: effect NoSchedule or NoExecute),
     #: as ``key=value:Effect``; a pod asking for the extended resource tolerates none.
     taints: tuple[str, ...] = ()
+    #: ``allowMultipleAllocations`` (consumable capacity, KEP-5075): claims share it,
+    #: each consuming some of its capacity.
+    shareable: bool = False
 
     @property
     def key(self) -> DeviceKey:
@@ -190,6 +193,7 @@ def slice_devices(obj: Mapping[str, Any]) -> tuple[str, str, int, list[Device]] 
                 _values(raw.get("attributes"), driver, "attributes"),
                 _values(raw.get("capacity"), driver, "capacity"),
                 device_taints(raw.get("taints")),
+                raw.get("allowMultipleAllocations") is True,
             )
         )
     return driver, pool_name, generation, devices
@@ -270,6 +274,66 @@ def claim_devices(obj: Mapping[str, Any]) -> frozenset[DeviceKey]:
         if all(isinstance(part, str) for part in key):
             out.add(key)
     return frozenset(out)  # type: ignore[arg-type]
+
+
+def _memory(capacities: Mapping[Any, Any]) -> Decimal:
+    """The memory in a map of capacity names to quantities (``memory``, or
+    ``<domain>/memory``; several are summed), 0 when none is readable and positive."""
+    total = Decimal(0)
+    for name, value in capacities.items():
+        if isinstance(name, str) and name.rpartition("/")[2] == CAPACITY_MEMORY:
+            try:
+                amount = parse_quantity(value)
+            except QuantityError:
+                continue
+            total += max(amount, Decimal(0))
+    return total
+
+
+def claim_consumed(obj: Mapping[str, Any]) -> dict[DeviceKey, Decimal]:
+    """Memory each allocated device gives this claim (``consumedCapacity``: set only on
+    devices that allow multiple allocations), summed over the claim's results."""
+    status = obj.get("status")
+    allocation = status.get("allocation") if isinstance(status, Mapping) else None
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    out: dict[DeviceKey, Decimal] = {}
+    for result in results if isinstance(results, list) else ():
+        consumed = result.get("consumedCapacity") if isinstance(result, Mapping) else None
+        if not isinstance(consumed, Mapping):
+            continue
+        key = (result.get("driver"), result.get("pool"), result.get("device"))
+        if not all(isinstance(part, str) for part in key):
+            continue
+        amount = _memory(consumed)
+        if amount > 0:
+            out[key] = out.get(key, Decimal(0)) + amount  # type: ignore[index]
+    return out  # type: ignore[return-value]
+
+
+#: A claim lists at most this many requests (the API's DeviceRequestsMaxSize).
+MAX_REQUESTS = 32
+
+
+def claim_memory_requests(obj: Mapping[str, Any]) -> tuple[Decimal, ...]:
+    """The memory a claim's requests ask of one device each (``exactly.capacity.requests``
+    naming ``memory``, times its ``count``), in order; empty when none asks memory."""
+    spec = obj.get("spec")
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    requests = devices.get("requests") if isinstance(devices, Mapping) else None
+    out: list[Decimal] = []
+    for request in (requests if isinstance(requests, list) else ())[:MAX_REQUESTS]:
+        exactly = request.get("exactly") if isinstance(request, Mapping) else None
+        capacity = exactly.get("capacity") if isinstance(exactly, Mapping) else None
+        asked = capacity.get("requests") if isinstance(capacity, Mapping) else None
+        if not isinstance(asked, Mapping):
+            continue
+        count = exactly.get("count", 1)
+        count = count if type(count) is int and 0 < count <= MAX_REQUESTS else 1
+        amount = _memory(asked)
+        if amount > 0:
+            out += [amount] * count
+    return tuple(out[:MAX_REQUESTS])
 
 
 _WHOLE_MAP = re.compile(r"\.(size|exists|exists_one|all|map|filter)\s*\(|\bin\s+device\.")

@@ -76,10 +76,11 @@ class FragmentationPolicy(Policy):
         return made
 
     def pre_score(self, pod: PodFacts, view: ClusterView) -> _State | _ShareState | None:
-        if pod.shares:
+        shares = view.pod_shares(pod)
+        if shares:
             if not view.knows_usage or not view.share_mix:
                 return None
-            return _ShareState(pod.gpus, pod.shares, view.share_mix)
+            return _ShareState(pod.gpus, shares, view.share_mix)
         if pod.gpus == 0 or not view.knows_usage or not view.mix:
             return None
         return _State(pod.gpus, pod.cpu_milli, pod.ram_mib, view.mix)
@@ -89,8 +90,11 @@ class FragmentationPolicy(Policy):
     ) -> np.ndarray:
         if isinstance(state, _ShareState):
             free, cap = gpu_matrix(nodes, view)
-            after = place(free, cap, state.shares, state.gpus)[0]
-            return share_fragments(free, cap, state.mix) - share_fragments(after, cap, state.mix)
+            after, fits, _ = place(free, cap, state.shares, state.gpus)
+            gain = share_fragments(free, cap, state.mix) - share_fragments(after, cap, state.mix)
+            if fits.any() and not fits.all():  # where the fit rule finds no room: last
+                gain = np.where(fits, gain, gain[fits].min() - 1.0)
+            return gain
         cols = nodes.cols
         free, cpu, ram, model = cols[FREE], cols[CPU], cols[RAM], cols[MODEL]
         fragmented = self._evaluator(state.mix, nodes.models)

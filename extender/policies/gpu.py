@@ -43,17 +43,19 @@ class GpuPolicy(Policy):
         return self._state(pod, view)
 
     def pre_score(self, pod: PodFacts, view: ClusterView) -> _State | None:
-        if (pod.gpus or pod.shares) and not view.knows_usage:
+        shares = view.pod_shares(pod)
+        if (pod.gpus or shares) and not view.knows_usage:
             # Args mode sees no pods: "free" would be allocatable, and binpack would
             # prefer the smallest node, not the fullest. NodeResourcesFit's
             # MostAllocated, which knows real usage, decides the packing instead.
             return None
-        return self._state(pod, view)
+        return self._state(pod, view, shares)
 
     @staticmethod
-    def _state(pod: PodFacts, view: ClusterView) -> _State:
+    def _state(pod: PodFacts, view: ClusterView, shares: tuple[int, ...] | None = None) -> _State:
         spread = pod.placement == "spread"
-        return _State(pod.gpus, pod.min_memory_mib, pod.products, spread, pod.shares)
+        shares = pod.shares if shares is None else shares
+        return _State(pod.gpus, pod.min_memory_mib, pod.products, spread, shares)
 
     def filter(self, state: _State, node: NodeFacts, view: ClusterView) -> Failure | None:
         want = state.gpus
@@ -124,7 +126,10 @@ class GpuPolicy(Policy):
         if state.shares:
             # Best fit: the least left on the GPU the (largest) share goes to.
             free, cap = gpu_matrix(nodes, view)
-            left = place(free, cap, state.shares, want)[2].astype(np.float64)
+            _, fits, left = place(free, cap, state.shares, want)
+            # Where the fit rule finds no room (a DRA candidate kube-scheduler admitted
+            # on devices we do not see as shared), last.
+            left = np.where(fits, left, -1 if state.spread else 1 << 20).astype(np.float64)
             return left if state.spread else -left
         if want == 0:
             # Keep GPU nodes for GPU work: a CPU pod prefers nodes without GPUs.
