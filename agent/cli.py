@@ -14,6 +14,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     _node_flags(parser.add_argument_group("the node and its heartbeat"))
     _writing_flags(parser.add_argument_group("what it reads and writes"))
     _health_flags(parser.add_argument_group("GPU health"))
+    _sharing_flags(parser.add_argument_group("GPU sharing"))
     _serving_flags(parser.add_argument_group("serving and the API"))
 
 
@@ -89,6 +90,57 @@ def _writing_flags(parser: Any) -> None:
     )
 
 
+def _sharing_flags(parser: Any) -> None:
+    parser.add_argument(
+        "--device-plugin",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="serve the kubelet device plugin for gpu-scheduler.io/gpu-memory and "
+        "nvidia.com/gpu: auto (default) while the node is labelled "
+        "gpu-scheduler.io/gpu-sharing, on, off",
+    )
+    parser.add_argument(
+        "--kubelet-dir",
+        default="/var/lib/kubelet/device-plugins",
+        help="the kubelet's device-plugin directory (its kubelet.sock)",
+    )
+    parser.add_argument(
+        "--mps-pipe-root",
+        default="/run/gpu-scheduler/mps",
+        help="host directory of the MPS daemons: a pipe directory per GPU (<root>/<UUID>), "
+        "their /dev/shm (<root>/shm), the supervisor's health.json",
+    )
+    parser.add_argument(
+        "--cdi",
+        action="store_true",
+        help="name a container's GPU as a CDI device (nvidia.com/gpu=<UUID>) instead of "
+        "NVIDIA_VISIBLE_DEVICES",
+    )
+    parser.add_argument(
+        "--mps-control",
+        default="nvidia-cuda-mps-control",
+        help="the MPS control program (default: nvidia-cuda-mps-control, found on $PATH)",
+    )
+    parser.add_argument(
+        "--mps-supervisor",
+        action="store_true",
+        help="run only the MPS control daemons of this node's GPUs and write their health "
+        "(the sharing DaemonSet's second container); no Node writes",
+    )
+    parser.add_argument(
+        "--pod-resources-socket",
+        default="/var/lib/kubelet/pod-resources/kubelet.sock",
+        help="the kubelet's PodResources socket, read on nodes labelled "
+        "gpu-scheduler.io/gpu-sharing for the gpu-shares annotation ('': never read)",
+    )
+    parser.add_argument(
+        "--shares-stale-after",
+        default="5m",
+        help="while the kubelet does not answer, its last answer stands this long; then "
+        "the gpu-shares annotation is removed (default 5m)",
+    )
+
+
 def _health_flags(parser: Any) -> None:
     parser.add_argument(
         "--xid-ignore",
@@ -146,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         timeout = parse_duration(args.request_timeout)
         quiet = parse_duration(args.recovery_quiet_period)
         unhealthy_after = parse_duration(args.unhealthy_after)
+        shares_stale = parse_duration(args.shares_stale_after)
         xid_policy = XidPolicy.configured(args.xid_ignore, args.xid_critical)
     except ValueError as exc:
         return fail("agent", exc)
@@ -186,11 +239,31 @@ def run(args: argparse.Namespace) -> int:
         recover=args.recovery,
         recovery_quiet_s=quiet,
         unhealthy_after_s=unhealthy_after,
+        pod_resources_socket=args.pod_resources_socket or None,
+        shares_stale_s=shares_stale,
     )
     stop = threading.Event()
+    if args.mps_supervisor:
+        return _run_mps(args, backend, stop, interval, log)
     if args.once:
         return _run_once(args, config, backend, stop, timeout)
     return _run_forever(args, config, backend, stop, timeout, log)
+
+
+def _run_mps(args: argparse.Namespace, backend: Any, stop: Any, interval: float, log: Any) -> int:
+    """``--mps-supervisor``: until SIGTERM/SIGINT."""
+    import signal
+    import time
+
+    from agent.sharing_node import run_mps_supervisor
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal received; quitting the MPS daemons", extra={"signal": signum})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return run_mps_supervisor(args, backend, stop, min(interval, 10.0), time.time)
 
 
 def _node_api(args: argparse.Namespace, timeout: float) -> Any:
@@ -261,6 +334,9 @@ def _run_forever(
         if isinstance(api, str):
             return fail("agent", api, 1)
     agent = Agent(config, backend, api, stop=stop)
+    from agent.sharing_node import start_device_plugin
+
+    plugin = start_device_plugin(args, agent)
     if isinstance(backend, NvmlBackend):  # a fake file scripts its XIDs in the reads
         from agent.events import NvmlEvents
         from agent.inventory import InventoryError
@@ -297,5 +373,9 @@ def _run_forever(
             return agent.run_dry(sys.stdout, once=False)
         return agent.run_forever()
     finally:
+        if plugin is not None:
+            plugin.stop()
+        if agent.pod_resources is not None:
+            agent.pod_resources.close()
         if server is not None:
             server.shutdown()

@@ -32,8 +32,10 @@ from agent.heartbeat import PodIdentity
 from agent.inventory import Backend, Inventory, InventoryError
 from agent.kubeapi import ApiError, NodeApi
 from agent.labels import Desired, allocatable_gpus, desired_state
+from agent.podresources import SOCKET, PodResourcesClient, current_shares
 from agent.sync import NodeState, Ownership, Plan, ownership, plan_sync
 from agent.xid import XidPolicy
+from gpu_scheduler import contract
 
 log = logging.getLogger("gpu_scheduler.agent")
 
@@ -65,6 +67,12 @@ class AgentConfig:
     #: /healthz answers 503 once NVML has given no good read for this long, so the
     #: kubelet restarts the container (a driver upgraded under it needs a new one).
     unhealthy_after_s: float = 300.0
+    #: The kubelet's PodResources socket, read on nodes labelled LABEL_GPU_SHARING for
+    #: ANN_GPU_SHARES ("" or None: never read, and no node carries the annotation).
+    pod_resources_socket: str | None = SOCKET
+    #: A failed PodResources call keeps the last good answer this long; after it the
+    #: annotation is removed (the extender then fits every bound pod itself).
+    shares_stale_s: float = 300.0
 
 
 def backoff_delay(failures: int, base: float, cap: float, jitter: float = 1.0) -> float:
@@ -84,6 +92,7 @@ class Agent:
     monotonic: Callable[[], float] = time.monotonic
     stop: threading.Event = field(default_factory=threading.Event)
     jitter: Callable[[], float] = lambda: random.uniform(0.8, 1.2)
+    pod_resources: PodResourcesClient | None = None
 
     def __post_init__(self) -> None:
         self._ready = (False, "no sync yet")
@@ -102,6 +111,17 @@ class Agent:
         #: Set by the NVML event loop when an event marked a GPU (and on stop): the
         #: loop then runs its next round at once instead of after the interval.
         self.wake: threading.Event | None = None
+        #: The node's LABEL_GPU_SHARING as the last Node read said (None: not shared).
+        self.sharing: str | None = None
+        #: The last read, health applied (what the device plugin serves), and who is
+        #: told of each Node read (the device plugin follows the sharing label).
+        self.last_inventory: Inventory | None = None
+        self.on_node: Callable[[NodeState], None] | None = None
+        self._skipped: dict[str, int] = {}
+        if self.pod_resources is None and config.pod_resources_socket:
+            self.pod_resources = PodResourcesClient(
+                config.pod_resources_socket, monotonic=self.monotonic
+            )
 
     # --- readiness -----------------------------------------------------------------
     def ready(self) -> tuple[bool, str]:
@@ -136,6 +156,7 @@ class Agent:
             self.health.driver_reloaded()
         self._good_read = mono
         inventory = self._health(inventory, mono)
+        self.last_inventory = inventory
         metrics.GPUS.labels("present").set(len(inventory.gpus))
         metrics.GPUS.labels("healthy").set(len(inventory.healthy))
         metrics.GPUS.labels("allocatable").set(allocatable_gpus(inventory))
@@ -164,9 +185,30 @@ class Agent:
         return self.health.apply(inventory, mono)
 
     def desired(self, inventory: Inventory) -> Desired:
-        return desired_state(inventory, manage_capacity=self.config.manage_capacity)
+        desired = desired_state(inventory, manage_capacity=self.config.manage_capacity)
+        shares = self._shares(inventory)
+        if shares is not None:
+            desired.annotations[contract.ANN_GPU_SHARES] = shares
+        return desired
 
-    def sync_once(self, inventory: Inventory | None = None) -> Plan:
+    def _shares(self, inventory: Inventory) -> str | None:
+        """ANN_GPU_SHARES on a node shared by our device plugin; None elsewhere, and
+        once the kubelet has given no answer for ``shares_stale_s`` (the key is then
+        removed: no report is safe, an old one is not)."""
+        if self.sharing not in contract.SHARING_MODES or self.pod_resources is None:
+            return None
+        uuids = [g.uuid for g in inventory.gpus]
+        now, stale_s = self.monotonic(), self.config.shares_stale_s
+        shares = current_shares(self.pod_resources.list(), uuids, now, stale_s)
+        if shares is not None and shares.skipped != self._skipped:
+            self._skipped = shares.skipped
+            log.warning(
+                "PodResources device IDs left out of the GPU shares report",
+                extra={"node": self.config.node_name, "skipped": shares.skipped},
+            )
+        return None if shares is None else shares.encoded
+
+    def sync_once(self, inventory: Inventory | None = None, desired: Desired | None = None) -> Plan:
         """Read (unless given) the GPUs and bring the Node in line. Returns the last plan
         carried out. Raises :class:`InventoryError` or :class:`ApiError`."""
         if self.api is None:
@@ -174,11 +216,18 @@ class Agent:
         started = time.monotonic()
         if inventory is None:
             inventory = self.read_inventory()
-        desired = self.desired(inventory)
+        if desired is None:
+            desired = self.desired(inventory)
         name = self.config.node_name
         writes: list[str] = []
         for attempt in range(self.config.conflict_retries + 1):
             node = self.api.get_node(name)
+            if self.on_node is not None:
+                self.on_node(node)
+            sharing = node.labels.get(contract.LABEL_GPU_SHARING)
+            if sharing != self.sharing:  # shared now, or no more: with or without shares
+                self.sharing = sharing
+                desired = self.desired(inventory)
             own = self._decide_ownership(node)
             plan = plan_sync(
                 desired,
@@ -262,8 +311,9 @@ class Agent:
         renew the heartbeat if due. Raises :class:`InventoryError` or :class:`ApiError`
         (the heartbeat is renewed only after a round whose sync, if any, succeeded)."""
         inventory = self.read_inventory()
-        if self.sync_due(self.desired(inventory)):
-            self.sync_once(inventory)
+        desired = self.desired(inventory)
+        if self.sync_due(desired):
+            self.sync_once(inventory, desired)
         if self.heartbeat_due():
             self.renew_heartbeat()
 
