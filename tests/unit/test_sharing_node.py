@@ -100,7 +100,6 @@ def test_the_agent_serves_the_plugin_while_the_node_is_labelled(folder, tmp_path
     assert (
         start_device_plugin(argparse.Namespace(device_plugin="off", dry_run=False), agent) is None
     )
-    assert threading.active_count() < 50
 
 
 def test_the_supervisor_runs_a_daemon_per_gpu_and_writes_their_health(fake, tmp_path):  # noqa: F811
