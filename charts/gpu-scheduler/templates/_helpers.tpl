@@ -164,3 +164,41 @@ as none (the release namespace alone), anything but a list fails the install. */
 {{- end -}}
 {{- append $exclude .Release.Namespace | uniq | toJson -}}
 {{- end }}
+
+{{/* The agent's node and pod (its pod owns the node's heartbeat Lease). */}}
+{{- define "gpu-scheduler.agentIdentity" -}}
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+# The agent's pod: it owns the node's heartbeat Lease, in this namespace.
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_UID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.uid
+{{- end }}
+
+{{/* The plain agent's placement: agent.nodeSelector, tolerations and affinity, and with
+agent.sharing.enabled each node term also refuses the nodes labelled
+gpu-scheduler.io/gpu-sharing (the sharing agent runs there): one agent per node. */}}
+{{- define "gpu-scheduler.agentPlacement" -}}
+{{- $placement := pick (deepCopy .Values.agent) "nodeSelector" "tolerations" "affinity" -}}
+{{- if .Values.agent.sharing.enabled -}}
+{{- $required := dig "affinity" "nodeAffinity" "requiredDuringSchedulingIgnoredDuringExecution" "nodeSelectorTerms" list $placement -}}
+{{- if not $required -}}
+{{- fail "agent.sharing.enabled needs agent.affinity with required nodeSelectorTerms (the plain agent must keep off the sharing nodes)" -}}
+{{- end -}}
+{{- range $required -}}
+{{- $_ := set . "matchExpressions" (append (default list .matchExpressions) (dict "key" "gpu-scheduler.io/gpu-sharing" "operator" "DoesNotExist")) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $placement -}}
+{{- end }}
