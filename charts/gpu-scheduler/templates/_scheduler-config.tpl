@@ -45,5 +45,7 @@ extenders:
     managedResources:
       - name: nvidia.com/gpu
         ignoredByScheduler: false
+      - name: gpu-scheduler.io/gpu-memory
+        ignoredByScheduler: false
     ignorable: false
 {{- end }}
