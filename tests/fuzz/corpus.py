@@ -6,8 +6,8 @@ classes (``CLASSES``):
 
 - ``valid``: the baseline, untouched (the control group);
 - ``types``: one field at a random depth given a value of another JSON type;
-- ``quantities``: a quantity (requests, limits, overhead, allocatable, the
-  ``min-gpu-memory`` annotation, the memory label) replaced by a hostile one:
+- ``quantities``: a quantity (requests, limits, overhead, allocatable, GPU shares,
+  the ``min-gpu-memory`` annotation, the memory label) replaced by a hostile one:
   Infinity, NaN, 1e999999999, thousands of digits, non-ASCII digits;
 - ``nesting``: a value at a random depth replaced by arrays or objects nested
   100 to 5,000 levels;
@@ -147,6 +147,7 @@ def quantity_paths(body: Any) -> list[tuple[Any, ...]]:
     """Where quantities (and the values parsed like them) live in the baseline."""
     wanted = (
         contract.RESOURCE_GPU,
+        contract.RESOURCE_GPU_MEMORY,
         contract.ANN_MIN_GPU_MEMORY,
         contract.LABEL_GPU_MEMORY,
         "cpu",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,10 @@ def base_pod() -> dict[str, Any]:
             "resources": {"limits": {contract.RESOURCE_GPU: "1"}},
         }
     ]
+    # A second container asks a share of one GPU: the share fields are fuzzed too.
+    spec["containers"].append(
+        {"name": "infer", "resources": {"limits": {contract.RESOURCE_GPU_MEMORY: "20"}}}
+    )
     spec["overhead"] = {"cpu": "100m", contract.RESOURCE_GPU: "0"}
     spec["tolerations"] = [{"key": "example.com/pool", "operator": "Exists"}]
     del spec["schedulerName"]
@@ -47,11 +52,24 @@ def base_pod() -> dict[str, Any]:
 
 
 def base_nodes() -> list[dict[str, Any]]:
-    return [
+    nodes = [
         make_node(NODE_NAMES[0], 8, zone="z1", capacity_type="SPOT", **H100),
         make_node(NODE_NAMES[1], 4, zone="z2", **H100),
-        make_node(NODE_NAMES[2], 2, zone="z1", karpenter="on-demand", **H100),
+        make_node(NODE_NAMES[2], 4, zone="z1", karpenter="on-demand", **H100),
     ]
+    # The last shares its GPUs: the sharing label, gpu-memory allocatable, the agent's
+    # per-GPU annotation and its shares report, each fuzzed like the rest.
+    shared = nodes[2]
+    shared["metadata"]["labels"][contract.LABEL_GPU_SHARING] = "mps"
+    shared["status"]["allocatable"][contract.RESOURCE_GPU_MEMORY] = "316"
+    gpus = [
+        {"uuid": f"GPU-f{i}", contract.GPU_MEMORY_MIB: H100["memory_mib"], "healthy": True}
+        for i in range(4)
+    ]
+    shared["metadata"]["annotations"][contract.ANN_GPUS] = json.dumps(gpus)
+    report = {"GPU-f0": {"ml/other": 20, "ml/whole": "whole"}}
+    shared["metadata"]["annotations"][contract.ANN_GPU_SHARES] = json.dumps(report)
+    return nodes
 
 
 def args_body() -> dict[str, Any]:
