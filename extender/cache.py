@@ -385,11 +385,17 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PodAccounting):
         records = dict(filter(None, (pod_record(item) for item in items)))
         with self._lock:
             self._epoch, self._marks = self._epoch + 1, {}
-            self._pods, self._node_pods = {}, {}
+            before, self._pods, self._node_pods = self._pods, {}, {}
             self._used, self._groups, self._demand, self._demand_total = Layered(), {}, {}, 0
             self._cpu_used, self._ram_used, self._shapes = {}, {}, ShapeCounts()
             self._share_counts = {}
             for uid, record in records.items():
+                old = before.get(uid)  # a relist keeps each pod's place in its node's order
+                if old is not None and old.node == record.node:
+                    record.seq = old.seq
+                else:
+                    self._seq += 1
+                    record.seq = self._seq
                 self._pods[uid] = record
                 self._node_pods.setdefault(record.node, []).append(uid)
                 self._account(record, 1)
@@ -408,7 +414,7 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PodAccounting):
             assumed = self._assumed.pop(uid, None) is not None  # the watch's word wins
             old = self._unplace(uid)
             if new is not None:
-                self._place(*new)
+                self._place(*new, old)
             self._pod_version += 1
             self._changed()
         metrics.child(metrics.CACHE_OBJECTS, "pods").set(len(self._pods))

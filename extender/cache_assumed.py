@@ -56,8 +56,7 @@ class AssumedPicks:
         with self._lock:
             if uid in self._pods and uid not in self._assumed:
                 return  # the watch has it bound already
-            self._unplace(uid)
-            self._place(uid, record)
+            self._place(uid, record, self._unplace(uid))
             self._assumed[uid] = (self._monotonic() + ASSUME_TTL, record)
             self._pod_version += 1
         metrics.child(metrics.CACHE_OBJECTS, "assumed").set(len(self._assumed))
@@ -83,8 +82,14 @@ class AssumedPicks:
             self._pod_version += 1
             metrics.child(metrics.CACHE_OBJECTS, "assumed").set(len(self._assumed))
 
-    def _place(self, uid: str, record: PodRecord) -> None:
-        """Count a pod on its node (lock held)."""
+    def _place(self, uid: str, record: PodRecord, previous: PodRecord | None = None) -> None:
+        """Count a pod on its node (lock held). ``previous``: what was counted of it
+        until now; on the same node the pod keeps its place in the node's order."""
+        if previous is not None and previous.node == record.node:
+            record.seq = previous.seq
+        elif not record.seq:
+            self._seq += 1
+            record.seq = self._seq
         self._pods[uid] = record
         self._node_pods.setdefault(record.node, []).append(uid)
         self._account(record, 1)

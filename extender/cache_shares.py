@@ -26,6 +26,7 @@ class PodAccounting:
     """Mixed into the cluster cache: counts a pod's resources on its node."""
 
     def _init_accounting(self) -> None:
+        self._seq = 0  # the last PodRecord.seq given (cache_assumed._place)
         #: A sharing node's GPUs as shares are placed (extender/policies/share.py).
         self._gpus: Layered[str, tuple[Gpu, ...]] = Layered()
         #: Bound pods by what they ask of a GPU: ("share", units) per container asking
@@ -73,11 +74,15 @@ class PodAccounting:
             state = self._gpus[name] = self._dra.shared_gpus(name)
             return state
         pods = self._pods
-        bound = [
-            BoundPod(record.key, record.gpus, record.shares)
-            for uid in self._node_pods.get(name, ())
-            if (record := pods.get(uid)) is not None and (record.gpus or record.shares)
-        ]
+        records = sorted(
+            (
+                record
+                for uid in self._node_pods.get(name, ())
+                if (record := pods.get(uid)) is not None and (record.gpus or record.shares)
+            ),
+            key=lambda record: record.seq,  # first counted first: kept through updates
+        )
+        bound = [BoundPod(record.key, record.gpus, record.shares) for record in records]
         state, misfits = usage(shared.gpus, shared.report, bound)
         self._gpus[name] = state
         if misfits:

@@ -15,7 +15,11 @@ from gpu_scheduler.fields import FieldError
 
 
 class PodRecord:
-    __slots__ = ("cpu_milli", "gpus", "group", "key", "node", "products", "ram_mib", "shares")
+    __slots__ = (
+        "cpu_milli", "gpus", "group", "key", "node", "products", "ram_mib", "seq", "shares"
+    )  # fmt: skip
+    #: What __eq__ compares: all but ``seq``, the cache's bookkeeping.
+    _COMPARED = ("cpu_milli", "gpus", "group", "key", "node", "products", "ram_mib", "shares")
 
     def __init__(
         self,
@@ -38,10 +42,13 @@ class PodRecord:
         #: a node's report names it); the key only for a GPU pod.
         self.shares = shares
         self.key = key
+        #: When the cache first counted it on its node (cache_assumed._place): the order
+        #: a sharing node's unreported pods are fitted in, kept through its updates.
+        self.seq = 0
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PodRecord) and all(
-            getattr(self, key) == getattr(other, key) for key in self.__slots__
+            getattr(self, key) == getattr(other, key) for key in self._COMPARED
         )
 
     __hash__ = None  # type: ignore[assignment]  # mutable-looking: compared, not keyed

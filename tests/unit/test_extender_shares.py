@@ -221,3 +221,19 @@ def test_the_explanation_names_the_gpu(world):
         shares=(30,), gpu=lambda i: share_gpu(pod, view.nodes[["s1", "s2"][i]], view),
     )  # fmt: skip
     assert explain(d, "s1").startswith("a 30 GiB share of GPU-s1-0 on s1: extender score 9/10")
+
+
+def test_an_update_keeps_a_pods_place_in_the_fit_order():
+    # Fitted in the order counted: a(20), b(20) on GPU 0, then c(50) on GPU 1. A status
+    # update of b (the watch's MODIFIED) must not move it behind c: fitted a, c, b,
+    # c would take GPU 0 and b GPU 1, which is not where the kubelet put them.
+    pods = [share_pod(n, u, node="s3") for n, u in (("a", 20), ("b", 20), ("c", 50))]
+    cache = synced_cache([shared_node("s3")], pods, clock=lambda: 1_800_000_000.0)
+    try:
+        assert [g.free for g in cache.view().gpus["s3"]] == [40, 30]
+        updated = share_pod("b", 20, node="s3")
+        updated["metadata"]["resourceVersion"] = "7"
+        cache.pod_event("MODIFIED", updated)
+        assert [g.free for g in cache.view().gpus["s3"]] == [40, 30]
+    finally:
+        cache.stop()
