@@ -57,7 +57,7 @@ class HeartbeatPolicy(Policy):
         self._lock = threading.Lock()
 
     def pre_filter(self, pod: PodFacts, view: ClusterView) -> float | None:
-        if pod.gpus == 0 or self.window <= 0:
+        if (pod.gpus == 0 and not pod.shares) or self.window <= 0:
             return None
         oldest = view.now() - self.window
         why = "stale-view" if view.stale and view.knows_usage else None

@@ -79,10 +79,14 @@ def publish_slice(
     mib: int,
     count: int,
     taints: dict[int, list[dict[str, str]]] | None = None,
+    shareable: bool = False,
 ) -> None:
     """A node's ResourceSlice of ``count`` GPUs; ``taints``: device index -> its device
-    taints (KEP-5055: {key, value, effect})."""
+    taints (KEP-5055: {key, value, effect}); ``shareable``: each allows multiple
+    allocations (consumable capacity, KEP-5075)."""
     devices = [device(i, product, mib) for i in range(count)]
+    for one in devices if shareable else ():
+        one["allowMultipleAllocations"] = True
     for index, listed in (taints or {}).items():
         devices[index]["taints"] = listed
     body = {

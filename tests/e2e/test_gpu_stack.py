@@ -245,3 +245,84 @@ def _row(stack, node: str) -> list[str]:
         if cells[0] == node:
             return cells
     return []
+
+
+def _share_claim(name: str, gib: int) -> dict[str, Any]:
+    request = {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": "gpu.nvidia.com",
+            "capacity": {"requests": {"memory": f"{gib}Gi"}},
+        },
+    }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [request]}},
+    }
+
+
+def _claim_pod(name: str, claim: str, scheduler: str, case: str) -> dict[str, Any]:
+    from tests.e2e.kube import pod_manifest
+    from tests.e2e.scenarios import TOLERATE_GPU
+
+    pod = pod_manifest(name, case=case, scheduler=scheduler, tolerations=TOLERATE_GPU)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    return pod
+
+
+def test_consumable_capacity_claims_are_allocated_by_kube_scheduler_scored_by_us(lab, dra_nodes):
+    """DRAConsumableCapacity (beta and on from 1.36): nodes of one shareable 80 GiB GPU
+    each. A 60 GiB claim's pod goes to the first; then a second node comes, with less
+    CPU (the extender's last tie-break would pick it); a 20 GiB claim's pod goes to the
+    first node's GPU all the same (best fit: what the 60 left), and kube-scheduler
+    allocated both claims on that one device, each consuming its share."""
+    minor = server_minor(lab)
+    if minor < 36:
+        pytest.skip(f"consumable capacity is on by default from 1.36; this is 1.{minor}")
+    resource = client.ResourceV1Api(lab.api)
+
+    def gpu_node(name: str, cpu: str) -> str:
+        node = create_node(lab, name, case="dra-share", taints=GPU_TAINT, cpu=cpu)
+        publish_slice(lab, node, "NVIDIA H100 80GB HBM3", 81920, 1, shareable=True)
+        return node
+
+    first_node = gpu_node("dra-share-a", "32")
+    with scenario(lab, "dra-share", proxied=False) as s:
+        wait_for(
+            lambda: "with DRA GPUs" in requests.get(s.url + "/readyz", timeout=2).text,
+            30,
+            "the extender sees the DRA nodes",
+        )
+        placed = {}
+        for name, gib in (("big", 60), ("small", 20)):
+            if name == "small":
+                seen = _dra_nodes_seen(s)
+                gpu_node("dra-share-b", "16")
+                wait_for(lambda n=seen + 1: _dra_nodes_seen(s) == n, 30, "the second node seen")
+            resource.create_namespaced_resource_claim("default", _share_claim(f"{name}-claim", gib))
+            time.sleep(1)  # the extender's watch has the claim's request before the pod
+            pod = f"share-{name}"
+            core(lab).create_namespaced_pod(
+                "default", _claim_pod(pod, f"{name}-claim", s.profile, "dra-share")
+            )
+            placed[name] = wait_bound(lab, pod, timeout=30)
+        assert placed == {"big": first_node, "small": first_node}, placed
+        claims = [
+            lab.api.sanitize_for_serialization(
+                resource.read_namespaced_resource_claim(f"{n}-claim", "default")
+            )
+            for n in ("big", "small")
+        ]
+        results = [c["status"]["allocation"]["devices"]["results"][0] for c in claims]
+        assert {r["pool"] for r in results} == {placed["big"]}
+        assert results[0]["device"] == results[1]["device"]
+        assert [r["consumedCapacity"]["memory"] for r in results] == ["60Gi", "20Gi"]
+
+
+def _dra_nodes_seen(s) -> int:
+    """How many nodes with DRA GPUs the scenario's extender knows (its /readyz)."""
+    found = re.search(r"(\d+) with DRA GPUs", requests.get(s.url + "/readyz", timeout=2).text)
+    return int(found[1]) if found else 0

@@ -42,10 +42,5 @@ extenders:
     {{- end }}
     httpTimeout: 5s
     nodeCacheCapable: true
-    managedResources:
-      - name: nvidia.com/gpu
-        ignoredByScheduler: false
-      - name: gpu-scheduler.io/gpu-memory
-        ignoredByScheduler: false
     ignorable: false
 {{- end }}
