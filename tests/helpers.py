@@ -105,3 +105,13 @@ def required(what: str, how: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(f"CI must run {what}, but {how}", pytrace=False)
     pytest.skip(how)
+
+
+class ManualClock:
+    """A clock a test moves by hand (``clock.now += 5``)."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now

@@ -16,16 +16,9 @@ from extender.app import create_app
 from extender.records import pod_record
 from tests.factories import make_node, make_pod
 from tests.fakeapi import FakeCore, synced_cache
+from tests.helpers import ManualClock as Clock
 
 NODES = [f"n{i}" for i in range(4)]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

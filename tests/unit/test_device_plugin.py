@@ -23,6 +23,7 @@ from agent.deviceplugin.devices import SHARES, WHOLE, GpuInfo, Options
 from agent.deviceplugin.runner import SOCKETS, DevicePlugin, PluginConfig
 from agent.deviceplugin.server import file_identity
 from gpu_scheduler import contract, sharing
+from tests.helpers import ManualClock as Clock
 
 A, B, C = "GPU-aaaa", "GPU-bbbb", "GPU-cccc"
 GPUS = (GpuInfo(A, 0, 4), GpuInfo(B, 1, 8), GpuInfo(C, 2, 8, numa=1))
@@ -82,14 +83,6 @@ class Sources:
         if self.failing:
             raise ConnectionError("PodResources is down")
         return self.allocated
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from agent.mps import (
     read_pid,
     run_command,
 )
+from tests.helpers import ManualClock as Clock
 
 A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
@@ -152,14 +153,6 @@ def kill(pid: int) -> None:
     deadline = time.monotonic() + 5
     while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.01)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
