@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST_DIR = Path("/run/gpu-scheduler-lab")  # short: containerd's socket path is limited
+#: The kubelet's device-plugin directory: a constant of the kubelet, not under its
+#: --root-dir, so the real node's kubelet keeps its device checkpoint and sockets here
+#: (a device plugin's resources would come back from the checkpoint on the next node).
+DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 BRIDGE = "gslab0"
 POD_CIDR = "10.213.7.0/24"
 GATEWAY = "10.213.7.1"
@@ -175,6 +179,8 @@ def sweep() -> None:
         with contextlib.suppress(OSError):
             directory.rmdir()
     shutil.rmtree(HOST_DIR, ignore_errors=True)
+    for left in DEVICE_PLUGINS.glob("*"):  # the checkpoint and the sockets
+        left.unlink(missing_ok=True)
     for cached in CNI_CACHE.glob(f"{NETWORK}-*"):  # libcni's results of our network
         cached.unlink(missing_ok=True)
     for rule in _iptables_rules():
@@ -194,6 +200,7 @@ def leftovers() -> list[str]:
     if HOST_DIR.exists():
         found.append(f"directory {HOST_DIR}")
     found += [f"file {p}" for p in CNI_CACHE.glob(f"{NETWORK}-*")]
+    found += [f"file {p}" for p in DEVICE_PLUGINS.glob("*")]
     return found
 
 

@@ -46,7 +46,7 @@ LAB = Path("/etc/gpu-scheduler-lab-sharing")
 MPS_ROOT = realnode.HOST_DIR / "mps"  # swept with the node
 #: The kubelet's device-plugin directory is a constant of the kubelet, not under its
 #: --root-dir; its PodResources directory is under the root dir.
-PLUGINS = Path("/var/lib/kubelet/device-plugins")
+PLUGINS = realnode.DEVICE_PLUGINS
 POD_RESOURCES = realnode.HOST_DIR / "kubelet" / "pod-resources"
 CHART = ROOT / "charts" / "gpu-scheduler"
 UNITS = sharing.gpu_units(h100_inventory(1)["gpus"][0]["memoryMiB"])  # 79 per GPU
@@ -132,9 +132,7 @@ def shared(tmp_path_factory, control_plane_binary, helm_binary):
         if node is not None:
             node.stop()
         shutil.rmtree(LAB, ignore_errors=True)
-        for plugin in PLUGINS.glob("gpu-scheduler-*.sock"):  # its pod was killed, not stopped
-            plugin.unlink(missing_ok=True)
-        left = realnode.leftovers()
+        left = realnode.leftovers()  # node.stop() swept the kubelet's device checkpoint too
     assert left == [], f"the real node left things on the host: {left}"
 
 
