@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from tests.bench.trace import Task, TraceNode
@@ -71,9 +71,17 @@ def split_feasible(
     return ok, apart
 
 
-def draw(tasks: Sequence[Task], capacity: int, share: float, seed: int) -> list[Task]:
-    """Tasks drawn with replacement until their GPUs reach ``share`` x ``capacity``;
-    each draw is a copy with a unique name (``<name>-s<i>``)."""
+def draw(
+    tasks: Sequence[Task],
+    capacity: int,
+    share: float,
+    seed: int,
+    *,
+    weight: Callable[[Task], int] = lambda t: t.gpus,
+) -> list[Task]:
+    """Tasks drawn with replacement until their ``weight`` (the GPUs they ask for; the
+    sharing ways: thousandths of a GPU of work, ``capacity`` in thousandths too) reaches
+    ``share`` x ``capacity``; each draw is a copy with a unique name (``<name>-s<i>``)."""
     if not any(t.gpus for t in tasks):
         raise ValueError("no GPU task to draw from")
     rng = random.Random(seed)
@@ -83,7 +91,7 @@ def draw(tasks: Sequence[Task], capacity: int, share: float, seed: int) -> list[
     while asked < target:
         task = tasks[rng.randrange(len(tasks))]
         drawn.append(replace(task, name=f"{task.name}-s{len(drawn)}", created=len(drawn)))
-        asked += task.gpus
+        asked += weight(task)
     return drawn
 
 

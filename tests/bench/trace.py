@@ -8,7 +8,9 @@ present) and ``nvidia.com/gpu`` allocatable; GPU nodes carry the usual
 ExtendedResourceToleration admission plugin makes them), so CPU-only tasks stay on
 CPU nodes under every scheduler and the comparison is about GPU placement. A task
 asks for cpu, memory and whole GPUs: a GPU-sharing task (``gpu_milli`` < 1000) asks
-for one whole GPU. ``gpu_spec`` (accepted models) becomes the
+for one whole GPU (in the sharing ways of tests/bench/sharing_bench.py it asks its share
+of one GPU's memory instead; each task keeps its ``gpu_milli`` as ``milli``). ``gpu_spec``
+(accepted models) becomes the
 ``gpu-scheduler.io/gpu-products`` annotation for our profile and the equivalent
 required nodeAffinity for the others.
 """
@@ -65,6 +67,18 @@ class Task:
     models: tuple[str, ...]  # accepted GPU models; empty = any
     created: int
     deleted: int | None
+    #: thousandths of a GPU the task asks: ``gpu_milli`` x ``num_gpu`` (< 1000 for a
+    #: GPU-sharing task); -1 when not given: 1000 x ``gpus`` (a whole-GPU task)
+    milli: int = -1
+
+    def __post_init__(self) -> None:
+        if self.milli < 0:
+            object.__setattr__(self, "milli", 1000 * self.gpus)
+
+    @property
+    def sharing(self) -> bool:
+        """A GPU-sharing task: it asks a fraction of one GPU (``gpu_milli`` < 1000)."""
+        return self.gpus == 1 and 0 < self.milli < 1000
 
 
 def find_trace_dir() -> Path:
@@ -97,15 +111,18 @@ def load_tasks(path: Path) -> list[Task]:
             spec = tuple(dict.fromkeys(m for m in (row.get("gpu_spec") or "").split("|") if m))
             created = row.get("creation_time") or ""
             deleted = row.get("deletion_time") or ""
+            gpus = int(row["num_gpu"])
+            milli = (row.get("gpu_milli") or "").strip()
             tasks.append(
                 Task(
                     row["name"],
                     int(row["cpu_milli"]),
                     int(row["memory_mib"]),
-                    int(row["num_gpu"]),
+                    gpus,
                     spec,
                     int(created) if created.isdigit() else i,
                     int(deleted) if deleted.isdigit() else None,
+                    gpus * int(milli) if milli.isdigit() else -1,
                 )
             )
     tasks.sort(key=lambda t: (t.created, t.name))
@@ -138,17 +155,32 @@ def node_labels(node: TraceNode) -> dict[str, str]:
     }
 
 
-def node_manifest(node: TraceNode) -> dict[str, Any]:
+def node_manifest(node: TraceNode, *, sharing: bool = False) -> dict[str, Any]:
+    """The node as its kubelet registers it. ``sharing``: a GPU node also shares its
+    GPUs as our device plugin serves them on a node labelled
+    ``gpu-scheduler.io/gpu-sharing: mps``: that label, and ``gpu-scheduler.io/gpu-memory``
+    capacity and allocatable of GPUs x the units of one GPU (besides ``nvidia.com/gpu``,
+    which the plugin serves there too)."""
+    from gpu_scheduler.sharing import gpu_units
     from lab.kubelet_shim import node_object
 
-    return node_object(
+    labels = node_labels(node)
+    sharing = sharing and node.gpus > 0
+    if sharing:
+        labels[contract.LABEL_GPU_SHARING] = "mps"
+    manifest = node_object(
         node.name,
-        labels=node_labels(node),
+        labels=labels,
         gpus=node.gpus or None,
         cpu=f"{node.cpu_milli}m",
         memory=f"{node.memory_mib}Mi",
         taints=[GPU_TAINT] if node.gpus else [],
     )
+    if sharing:
+        units = str(node.gpus * gpu_units(MEMORY_MIB.get(node.model, 16384)))
+        for key in ("capacity", "allocatable"):
+            manifest["status"][key][contract.RESOURCE_GPU_MEMORY] = units
+    return manifest
 
 
 def pod_manifest(task: Task, scheduler: str, *, ours: bool) -> dict[str, Any]:

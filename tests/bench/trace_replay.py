@@ -5,6 +5,7 @@
         [--compress 5000] [--speedup 2] [--patience 120]    # replay only
         [--seeds 42,43,44] [--share 1.3] [--variants NAME:WEIGHTS;...]  # sample only
         [--percentages default,50,100]                                 # sample only
+        [--sharing] [--ways whole,bestfit,full,default,mostallocated] [--results F.json]
 
 Builds the trace's cluster (1,523 nodes, 6,212 GPUs at full scale) as Node objects in
 the local control plane, then, in one invocation and on that same cluster, replays the
@@ -38,7 +39,10 @@ sample: the FGD paper's protocol (tests/bench/sampling.py): per seed, tasks draw
         50 - nodes/125 %, at least 5% and 100 nodes), labelled
         gpu-scheduler[pct=N]; with both, every weight set at every percentage. Our
         extender's per-call handler time and candidate-node count (from its log) are
-        tabled per variant.
+        tabled per variant. --sharing runs the sharing ways instead, side by side on
+        one cluster whose GPU nodes share (tests/bench/sharing_bench.py): a sharing
+        task asks its share of one GPU's memory in the share ways; draws, arrival
+        levels and allocation are in GPUs of work (a sharing task counts gpu_milli).
 
 In every mode, tasks that fit no node type of the empty cluster are set apart up
 front: never submitted, never a failure (tests/bench/sampling.py).
@@ -65,6 +69,7 @@ from tests.bench.sampling import (  # noqa: E402
     split_feasible,
     task_classes,
 )
+from tests.bench.sharing_runs import run_sharing  # noqa: E402
 from tests.bench.trace import (  # noqa: E402
     Task,
     TraceNode,
@@ -74,6 +79,13 @@ from tests.bench.trace import (  # noqa: E402
     median_run,
     node_manifest,
     sample,
+)
+from tests.bench.trace_options import (  # noqa: E402, F401  (re-exported: the tests' names)
+    SWITCHES,
+    parse_args,
+    parse_percentages,
+    parse_variants,
+    variant_label,
 )
 from tests.bench.trace_reports import (  # noqa: E402
     extender_call_stats,
@@ -103,73 +115,6 @@ from tests.bench.trace_runners import (  # noqa: E402
 )
 
 
-def parse_percentages(text: str) -> list[int | None]:
-    """``default,50,100`` -> [None, 50, 100]; empty -> [None] (one run, unset)."""
-    out: list[int | None] = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        if item == "default":
-            out.append(None)
-            continue
-        value = int(item)
-        if not 0 <= value <= 100:
-            raise ValueError(f"percentageOfNodesToScore must be 0..100, not {value}")
-        out.append(value)
-    return out or [None]
-
-
-def variant_label(weights: str | None, percentage: int | None, percentages: int) -> str:
-    """gpu-scheduler, gpu-scheduler[NAME], gpu-scheduler[pct=50],
-    gpu-scheduler[NAME,pct=default]: the percentage named when one is set or more
-    than one ran."""
-    parts = [weights] if weights else []
-    if percentages > 1 or percentage is not None:
-        parts.append(f"pct={'default' if percentage is None else percentage}")
-    return f"gpu-scheduler[{','.join(parts)}]" if parts else "gpu-scheduler"
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pods", default="openb_pod_list_default.csv", help="trace task file")
-    parser.add_argument("--nodes", default="openb_node_list_all_node.csv", help="trace node file")
-    parser.add_argument("--mode", choices=("fill", "replay", "sample"), default="fill")
-    parser.add_argument("--scale", type=float, default=1.0, help="sample nodes and tasks")
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument(
-        "--compress", type=float, default=5000.0, help="replay: arrival gaps divided by this"
-    )
-    parser.add_argument(
-        "--speedup", type=float, default=2.0, help="replay: trace seconds per wall second"
-    )
-    parser.add_argument(
-        "--patience",
-        type=float,
-        default=120.0,
-        help="replay: seconds of (compressed) trace time a pod may pend, / --speedup in wall time",
-    )
-    parser.add_argument("--schedulers", default=",".join(SCHEDULERS))
-    parser.add_argument(
-        "--repeat", type=int, default=1, help="fill: run each scheduler N times (ties are random)"
-    )
-    parser.add_argument(
-        "--seeds", default="42,43,44", help="sample: the seeds of the draws (comma list)"
-    )
-    parser.add_argument(
-        "--share", type=float, default=1.3, help="sample: draw until tasks ask this x the GPUs"
-    )
-    parser.add_argument(
-        "--variants",
-        default="",
-        help="sample: our profile once per extender weight set, NAME:policy=w,...;NAME:...",
-    )
-    parser.add_argument(
-        "--percentages",
-        default="",
-        help="sample: our profile once per percentageOfNodesToScore, e.g. default,50,100",
-    )
-    parser.add_argument("--write-docs", action="store_true", help="table + plot into docs/")
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
     return 0 if run(parse_args(argv)) else 1
 
@@ -180,8 +125,11 @@ def run(opts: argparse.Namespace) -> list[Any]:
     nodes: list[TraceNode] = sample(
         load_nodes(trace / opts.nodes), opts.scale, opts.seed, key=lambda n: n.model
     )
+    if opts.sharing and opts.mode != "sample":
+        raise SystemExit("--sharing is for sample mode")
     if opts.mode == "sample":
-        return run_samples(opts, nodes, load_tasks(trace / opts.pods))
+        runner = run_sharing if opts.sharing else run_samples
+        return runner(opts, nodes, load_tasks(trace / opts.pods))
     tasks, apart = split_feasible(
         sample(load_tasks(trace / opts.pods), opts.scale, opts.seed), nodes
     )
@@ -316,29 +264,6 @@ def report_replay(
             f"{table}\n\n![GPU allocation over the replay]({png.name})\n",
             f"replay-{variant}",
         )
-
-
-#: Extender settings a variant may set besides the weights (true/false).
-SWITCHES = ("filterChooses",)
-
-
-def parse_variants(text: str) -> list[tuple[str, dict[str, Any] | None]]:
-    """``NAME:policy=w,...;...`` -> [(label, extender config)]; none: our defaults.
-    ``filterChooses=false`` among the pairs sets that switch instead of a weight."""
-    if not text.strip():
-        return [("gpu-scheduler", None)]
-    variants = []
-    for item in filter(None, (part.strip() for part in text.split(";"))):
-        label, _, spec = item.partition(":")
-        config: dict[str, Any] = {"weights": {}}
-        for pair in filter(None, spec.split(",")):
-            key, _, value = (part.strip() for part in pair.partition("="))
-            if key in SWITCHES:
-                config[key] = value.lower() == "true"
-            else:
-                config["weights"][key] = int(value)
-        variants.append((f"gpu-scheduler[{label.strip()}]", config))
-    return variants
 
 
 def run_samples(

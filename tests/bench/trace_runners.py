@@ -230,13 +230,21 @@ class Contender:
 
 
 def submit(
-    core: Any, outcomes: Outcomes, task: Task, scheduler: str, *, ours: bool
+    core: Any,
+    outcomes: Outcomes,
+    task: Task,
+    scheduler: str,
+    *,
+    ours: bool,
+    manifest: dict[str, Any] | None = None,
 ) -> tuple[str, Any, tuple[float, float]]:
-    """One task's pod created and waited for (bound or unschedulable, 60 s at most); a
-    pod that was not bound is deleted, so it leaves nothing behind. Returns the outcome,
-    its detail (the node, when bound) and (create seconds, create-to-outcome seconds)."""
+    """One task's pod (``manifest``, else :func:`pod_manifest`'s) created and waited for
+    (bound or unschedulable, 60 s at most); a pod that was not bound is deleted, so it
+    leaves nothing behind. Returns the outcome, its detail (the node, when bound) and
+    (create seconds, create-to-outcome seconds)."""
     t0 = time.monotonic()
-    core.create_namespaced_pod(NAMESPACE, pod_manifest(task, scheduler, ours=ours))
+    body = manifest if manifest is not None else pod_manifest(task, scheduler, ours=ours)
+    core.create_namespaced_pod(NAMESPACE, body)
     t1 = time.monotonic()
     kind, detail, _ = outcomes.wait(task.name, 60)
     timing = (t1 - t0, time.monotonic() - t1)
