@@ -88,7 +88,7 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PodAccounting):
         # (split over the products they accept), and GPUs asked by all bound GPU pods.
         self._capacity: dict[str, int] = {}
         self._demand: dict[str, float] = {}
-        self._demand_total = 0
+        self._demand_total = 0.0
         # CPU and memory of the bound GPU pods per node; their shapes (workload mix).
         self._cpu_used: dict[str, int] = {}
         self._ram_used: dict[str, int] = {}
@@ -231,7 +231,12 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PodAccounting):
         if missing or not self.reflectors:
             return False, f"waiting for the first list of {', '.join(missing) or 'anything'}"
         age = self.age() or 0.0
-        summary = f"{len(self._nodes)} nodes, {len(self._pods)} pods cached"
+        with self._lock:  # picks past their time are not counted, view read or not
+            self._expire_assumed()
+            picks = len(self._assumed)
+            summary = f"{len(self._nodes)} nodes, {len(self._pods) - picks} pods cached"
+        if picks:
+            summary += f", {picks} picked and not bound yet"
         if self._dra_nodes:
             summary += f", {len(self._dra_nodes)} with DRA GPUs ({self._dra.device_class})"
         if "leases" in self.reflectors:
@@ -386,7 +391,7 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PodAccounting):
         with self._lock:
             self._epoch, self._marks = self._epoch + 1, {}
             before, self._pods, self._node_pods = self._pods, {}, {}
-            self._used, self._groups, self._demand, self._demand_total = Layered(), {}, {}, 0
+            self._used, self._groups, self._demand, self._demand_total = Layered(), {}, {}, 0.0
             self._cpu_used, self._ram_used, self._shapes = {}, {}, ShapeCounts()
             self._share_counts = {}
             for uid, record in records.items():

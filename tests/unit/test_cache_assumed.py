@@ -101,6 +101,16 @@ def test_a_pick_the_watch_never_confirms_stops_counting_after_the_ttl(world):
     assert used(cache, node) == 0
 
 
+def test_readyz_counts_the_picks_apart_and_drops_them_after_the_ttl_unread(world):
+    _, cache, client, clock = world
+    pick(client, make_pod("p", 4), NODES)
+    ok, detail = cache.ready()
+    assert ok and "0 pods cached, 1 picked and not bound yet" in detail, detail
+    clock.now += cache_assumed.ASSUME_TTL + 1  # no view is read in between
+    ok, detail = cache.ready()
+    assert ok and "0 pods cached;" in detail and "picked" not in detail, detail
+
+
 def test_a_pod_deleted_before_it_was_bound_stops_counting(world):
     core, cache, client, _ = world
     pod = make_pod("p", 4)
