@@ -14,7 +14,7 @@ from extender.layered import Layered
 from extender.model import NodeFacts
 from extender.records import PodRecord
 from extender.records import add_count as _add
-from gpu_scheduler.sharing import BoundPod, Gpu, usage
+from gpu_scheduler.sharing import BoundPod, Gpu, gpu_units, usage
 
 #: The share classes kept in the mix the share policy scores against (heaviest first).
 MAX_SHARE_CLASSES = 32
@@ -45,9 +45,12 @@ class PodAccounting:
             _add(self._share_counts, ("share", units), sign)
         if record.gpus:
             _add(self._share_counts, ("whole", record.gpus), sign)
-        self._demand_total += sign * record.gpus
+        demand = record.demand
+        if demand is None:
+            demand = record.demand = record.gpus + self._share_gpus(record)
+        self._demand_total += sign * demand
         for product in record.products or ():
-            share = self._demand.get(product, 0.0) + sign * record.gpus / len(record.products)
+            share = self._demand.get(product, 0.0) + sign * demand / len(record.products)
             if share > 1e-9:
                 self._demand[product] = share
             else:
@@ -61,6 +64,15 @@ class PodAccounting:
                 members.pop(record.node, None)
                 if not members:
                     del self._groups[record.group]
+
+    def _share_gpus(self, record: PodRecord) -> float:
+        """The GPUs' worth of a pod's shares: each share's units over the units of one
+        GPU of its node (a whole GPU each where the node is not known yet)."""
+        if not record.shares:
+            return 0.0
+        facts = self._nodes.get(record.node)
+        units = gpu_units(facts.memory_mib) if facts is not None else 0
+        return sum(min(1.0, share / units) if units else 1.0 for share in record.shares)
 
     def _shared_gpus(self, name: str, facts: NodeFacts) -> tuple[Gpu, ...] | None:
         """Recompute a sharing node's GPUs from its report and its bound pods, in the

@@ -16,9 +16,10 @@ from gpu_scheduler.fields import FieldError
 
 class PodRecord:
     __slots__ = (
-        "cpu_milli", "gpus", "group", "key", "node", "products", "ram_mib", "seq", "shares"
+        "cpu_milli", "demand", "gpus", "group", "key", "node", "products", "ram_mib", "seq",
+        "shares",
     )  # fmt: skip
-    #: What __eq__ compares: all but ``seq``, the cache's bookkeeping.
+    #: What __eq__ compares: all but ``seq`` and ``demand``, the cache's bookkeeping.
     _COMPARED = ("cpu_milli", "gpus", "group", "key", "node", "products", "ram_mib", "shares")
 
     def __init__(
@@ -45,6 +46,9 @@ class PodRecord:
         #: When the cache first counted it on its node (cache_assumed._place): the order
         #: a sharing node's unreported pods are fitted in, kept through its updates.
         self.seq = 0
+        #: The GPUs' worth it adds to the demand per product, fixed when first counted
+        #: (cache_shares._account), so that it is taken away as it was added.
+        self.demand: float | None = None
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PodRecord) and all(
@@ -94,9 +98,10 @@ def pod_record(pod: Mapping[str, Any]) -> tuple[str, PodRecord] | None:
         group = (sys.intern(namespace if isinstance(namespace, str) else "default"), group_name)
     if gpus == 0 and group is None and not shares:
         return None
-    products = hard_constraints(annotations).products if gpus else None
+    asks = gpus or shares
+    products = hard_constraints(annotations).products if asks else None
     restricted = tuple(sorted(sys.intern(p) for p in products)) if products else None
-    cpu_milli, ram_mib = podspec.pod_cpu_memory(spec) if gpus else (0, 0)
+    cpu_milli, ram_mib = podspec.pod_cpu_memory(spec) if asks else (0, 0)
     name = meta.get("name")
     key = f"{namespace}/{name}" if (gpus or shares) and isinstance(name, str) else ""
     return uid, PodRecord(

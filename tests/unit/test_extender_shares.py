@@ -237,3 +237,49 @@ def test_an_update_keeps_a_pods_place_in_the_fit_order():
         assert [g.free for g in cache.view().gpus["s3"]] == [40, 30]
     finally:
         cache.stop()
+
+
+def test_shares_count_in_product_demand_as_their_part_of_a_gpu():
+    """A pod restricted to a product asks of it what it asks, whole GPUs or a share
+    (its units over the units of one GPU of its node), and takes back what it added
+    when it goes, however the node changed meanwhile."""
+    from extender.cache import ClusterCache
+
+    t4 = shared_node("t4", gpus=2, gib=16)
+    t4["metadata"]["labels"][contract.LABEL_GPU_PRODUCT] = "T4"
+    g2 = shared_node("g2", gpus=8, gib=16)
+    g2["metadata"]["labels"][contract.LABEL_GPU_PRODUCT] = "G2"
+    cache = ClusterCache()
+    cache.replace_nodes([t4, g2])
+    restricted = share_pod("r", 12, node="t4")
+    restricted["metadata"]["annotations"] = {contract.ANN_GPU_PRODUCTS: "T4"}
+    cache.pod_event("ADDED", restricted)
+    cache.pod_event("ADDED", share_pod("u", 4, node="g2"))
+    pressure = cache.view().pressure
+    # 0.75 of a GPU restricted to T4 out of 1.0 GPU asked; T4 holds 2 of 10 GPUs
+    assert pressure["T4"] == pytest.approx(0.75 / (2 / 10))
+    assert pressure["G2"] == 0
+    t4["metadata"]["labels"][contract.LABEL_GPU_MEMORY] = str(32 * 1024)  # relabelled
+    cache.node_event("MODIFIED", t4)
+    cache.pod_event("DELETED", restricted)
+    assert cache.view().pressure["T4"] == 0
+    cache.pod_event("DELETED", share_pod("u", 4, node="g2"))
+    assert dict(cache.view().pressure) == {}
+
+
+def test_an_unrestricted_share_is_steered_off_the_product_restricted_pods_need(world):
+    from extender.config import ExtenderConfig
+    from extender.engine import score_array
+    from extender.model import node_facts, pod_facts
+    from extender.policies import build_policies
+
+    _, cache = world
+    view = cache.view()
+    other = shared_node("s3")
+    other["metadata"]["labels"][contract.LABEL_GPU_PRODUCT] = "OTHER"
+    nodes = [view.nodes["s2"], node_facts(other)]
+    cfg = ExtenderConfig(weights={"scarcity": 10, "gpu": 0, "fragmentation": 0, "spot": 0})
+    pod = pod_facts(share_pod("x", 10))
+    view.pressure = {"NVIDIA-H100": 0.9, "OTHER": 0.0}
+    scores = score_array(pod, nodes, view, build_policies(cfg), cfg, names=["s2", "s3"])
+    assert scores[1] > scores[0]
