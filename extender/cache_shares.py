@@ -9,17 +9,29 @@ Mixed into :class:`~extender.cache.ClusterCache`; every method runs under its lo
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from extender.layered import Layered
 from extender.model import NodeFacts
 from extender.records import PodRecord
 from extender.records import add_count as _add
+from extender.workload import task_shape
 from gpu_scheduler.sharing import BoundPod, Gpu, gpu_units, usage
 
 #: The share classes kept in the mix the share policy scores against (heaviest first).
 MAX_SHARE_CLASSES = 32
-#: (kind, size, weight): kind "share" (size: units on one GPU) or "whole" (size: GPUs).
-ShareClass = tuple[str, int, float]
+
+
+class ShareClass(NamedTuple):
+    """A class of what bound pods ask of sharing nodes: kind "share" (size: units on one
+    GPU) or "whole" (size: GPUs), with the CPU and memory beside it (on the workload
+    mix's grid, :func:`extender.workload.task_shape`), and its share of the pods."""
+
+    kind: str
+    size: int
+    cpu_milli: int
+    ram_mib: int
+    weight: float
 
 
 class PodAccounting:
@@ -29,9 +41,10 @@ class PodAccounting:
         self._seq = 0  # the last PodRecord.seq given (cache_assumed._place)
         #: A sharing node's GPUs as shares are placed (extender/policies/share.py).
         self._gpus: Layered[str, tuple[Gpu, ...]] = Layered()
-        #: Bound pods by what they ask of a GPU: ("share", units) per container asking
-        #: a share, ("whole", GPUs) per pod asking whole GPUs.
-        self._share_counts: dict[tuple[str, int], int] = {}
+        #: Bound pods by what they ask of a GPU: ("share", units, CPU, memory) per
+        #: container asking a share, ("whole", GPUs, CPU, memory) per pod asking whole
+        #: GPUs (CPU and memory on the mix's grid).
+        self._share_counts: dict[tuple[str, int, int, int], int] = {}
         self._misfits: dict[str, int] = {}
 
     def _account(self, record: PodRecord, sign: int) -> None:
@@ -41,10 +54,13 @@ class PodAccounting:
             _add(self._ram_used, record.node, sign * record.ram_mib)
         if record.gpus:
             self._shapes.add(record.shape(), sign)
-        for units in record.shares:
-            _add(self._share_counts, ("share", units), sign)
-        if record.gpus:
-            _add(self._share_counts, ("whole", record.gpus), sign)
+        if record.shares or record.gpus:
+            shape = task_shape(record.gpus, record.cpu_milli, record.ram_mib, None)
+            for units in record.shares:
+                _add(self._share_counts, ("share", units, shape.cpu_milli, shape.ram_mib), sign)
+            if record.gpus:
+                key = ("whole", record.gpus, shape.cpu_milli, shape.ram_mib)
+                _add(self._share_counts, key, sign)
         demand = record.demand
         if demand is None:
             demand = record.demand = record.gpus + self._share_gpus(record)
@@ -107,11 +123,11 @@ class PodAccounting:
         """The classes of what bound pods ask of shared nodes, heaviest first, weights
         summing to 1 (empty when no pod asks a share)."""
         counts = self._share_counts
-        if not any(kind == "share" for kind, _ in counts):
+        if not any(key[0] == "share" for key in counts):
             return ()
         top = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:MAX_SHARE_CLASSES]
         total = sum(count for _, count in top)
-        return tuple((kind, size, count / total) for (kind, size), count in top)
+        return tuple(ShareClass(*key, count / total) for key, count in top)
 
     @property
     def misfits(self) -> Mapping[str, int]:

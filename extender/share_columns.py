@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from extender.cache_shares import ShareClass
 from extender.columns import Candidates
 from extender.view import View
 from gpu_scheduler.sharing import Gpu
@@ -67,24 +68,45 @@ def place(
     return after, ok, leftover
 
 
-def share_fragments(free: np.ndarray, cap: np.ndarray, mix: Sequence[tuple[str, int, float]]):
-    """The FGD measure on partial GPUs: for each row, the units of GPU memory that the
-    mix's classes can expect to be unable to use, weighted by how often each class
-    comes (Weng et al., ATC'23, section 4: a class that cannot run on the node at all
-    finds all its free GPU memory a fragment; one that can finds the GPUs too small
-    for it: less free than its share, or, for a whole-GPU class, partly used)."""
+def share_fragments(
+    free: np.ndarray,
+    cap: np.ndarray,
+    mix: Sequence[ShareClass],
+    cpu: np.ndarray,
+    ram: np.ndarray,
+    unit: float,
+) -> np.ndarray:
+    """The FGD measure on partial GPUs (Weng et al., ATC'23, section 4), per row, in
+    units of GPU memory: what the mix's classes can expect to be unable to use,
+    weighted by how often each class comes. A class that cannot run on the node at
+    all (no GPU holds its share, too few wholly free GPUs, or less free CPU or memory
+    (``cpu``, ``ram``, per row) than it asks) finds all the free memory a fragment; a
+    share class that can finds the GPUs with less free than its share; a whole-GPU
+    class that can finds each partly used GPU, counted as ``unit`` units (one GPU's
+    worth), whatever is left on it: the whole-GPU class loses one GPU when a share
+    breaks into a large GPU or a small one, and the share classes keep what is left.
+    (Counted by what is left, as the paper counts it, breaking a large GPU looks
+    worse than breaking a small one, and the large GPUs, which hold the most shares,
+    go to whole-GPU pods.)"""
     usable = np.maximum(free, 0)
     total = usable.sum(axis=1).astype(np.float64)
     out = np.zeros(free.shape[0])
     wholly = (free == cap) & (cap > 0)
     whole_count = wholly.sum(axis=1)
-    partial_sum = (usable * ~wholly).sum(axis=1)
-    for kind, size, weight in mix:
+    partial = ((usable > 0) & ~wholly).sum(axis=1) * float(unit)
+    for kind, size, cpu_milli, ram_mib, weight in mix:
+        runs = (cpu >= cpu_milli) & (ram >= ram_mib)
         if kind == "share":
             small = usable < size
-            hosts = (~small & (usable > 0)).any(axis=1)
-            frag = np.where(hosts, (usable * small).sum(axis=1), total)
+            runs &= (~small & (usable > 0)).any(axis=1)
+            frag = np.where(runs, (usable * small).sum(axis=1), total)
         else:
-            frag = np.where(whole_count >= size, partial_sum, total)
+            frag = np.where(runs & (whole_count >= size), partial, total)
         out += weight * frag
     return out
+
+
+def gpu_unit(cap: np.ndarray) -> float:
+    """One GPU's worth of units among these candidates: the median GPU's (0: none)."""
+    sizes = cap[cap > 0]
+    return float(np.median(sizes)) if sizes.size else 0.0

@@ -22,10 +22,27 @@ Free GPUs, CPU and memory are each node's :data:`~extender.columns.FreeState`, w
 the cache keeps current as pods come and go, read as the candidates' columns.
 
 A pod asking a share of one GPU is scored on partial GPUs, as the paper measures them
-(:func:`extender.share_columns.share_fragments`): each sharing candidate's GPUs after the
-fit rule places the pod, against the mix of what bound pods ask of GPUs (share sizes
-and whole-GPU counts, ``View.share_mix``). The score is again
-``F(before) - F(after)``, in units of GPU memory.
+(:func:`extender.share_columns.share_fragments`): each sharing candidate's GPUs, CPU
+and memory after the fit rule places the pod, against the mix of what bound pods ask
+of GPUs (share sizes and whole-GPU counts, with their CPU and memory,
+``View.share_mix``). The score is again ``F(before) - F(after)``, in units of GPU
+memory. Two things the paper's measure, made for GPUs alike, does not see on GPUs of
+different sizes:
+
+- a share that must break a wholly free GPU costs the whole-GPU classes one GPU
+  whatever its size, and leaves the shares the rest: a partly used GPU counts as one
+  GPU's worth for them (the candidates' median GPU), not as what is left on it; so a
+  share breaks the largest GPU it can, where the most shares will fit beside it;
+- a whole-GPU pod takes all of a GPU's memory, which shares could have used: where
+  shares are in the mix, a whole-GPU pod pays, on a sharing node, the share of the
+  mix that shares make up, times the GPUs it takes, times how far their memory
+  exceeds the candidates' median GPU (in GPUs, the unit of ``F`` for whole-GPU pods).
+  It goes to the smaller GPUs and leaves the large ones to the shares.
+
+On the openb trace's sample protocol with shares (docs/BENCHMARKS.md, "Shares of one
+GPU"), the measure as the paper counts it left as many GPUs unallocated as best fit
+alone; the CPU and memory in the classes and the two points above, together, left a
+quarter fewer, and without any one of the three, more again.
 """
 
 from __future__ import annotations
@@ -35,10 +52,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from extender.columns import CPU, FREE, MODEL, RAM, Candidates, Codes, bound
+from extender.cache_shares import ShareClass
+from extender.columns import CPU, FREE, LARGEST, MEMORY, MODEL, RAM, Candidates, Codes, bound
 from extender.model import PodFacts
 from extender.policies.base import ClusterView, Policy
-from extender.share_columns import gpu_matrix, place, share_fragments
+from extender.share_columns import gpu_matrix, gpu_unit, place, share_fragments
 from extender.workload import MixEntry
 
 
@@ -48,13 +66,17 @@ class _State:
     cpu_milli: int
     ram_mib: int
     mix: tuple[MixEntry, ...]
+    #: the share of the pods on sharing nodes that ask a share (0: no shares)
+    shares_weight: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class _ShareState:
     gpus: int
     shares: tuple[int, ...]
-    mix: tuple[tuple[str, int, float], ...]
+    cpu_milli: int
+    ram_mib: int
+    mix: tuple[ShareClass, ...]
 
 
 class FragmentationPolicy(Policy):
@@ -80,28 +102,48 @@ class FragmentationPolicy(Policy):
         if shares:
             if not view.knows_usage or not view.share_mix:
                 return None
-            return _ShareState(pod.gpus, shares, view.share_mix)
+            return _ShareState(pod.gpus, shares, pod.cpu_milli, pod.ram_mib, view.share_mix)
         if pod.gpus == 0 or not view.knows_usage or not view.mix:
             return None
-        return _State(pod.gpus, pod.cpu_milli, pod.ram_mib, view.mix)
+        weight = sum(c.weight for c in view.share_mix if c.kind == "share")
+        return _State(pod.gpus, pod.cpu_milli, pod.ram_mib, view.mix, weight)
 
     def score_all(
         self, state: _State | _ShareState, nodes: Candidates, view: ClusterView
     ) -> np.ndarray:
+        cols = nodes.cols
+        cpu, ram = cols[CPU], cols[RAM]
+        cpu_after, ram_after = cpu - bound(state.cpu_milli), ram - bound(state.ram_mib)
         if isinstance(state, _ShareState):
             free, cap = gpu_matrix(nodes, view)
             after, fits, _ = place(free, cap, state.shares, state.gpus)
-            gain = share_fragments(free, cap, state.mix) - share_fragments(after, cap, state.mix)
+            unit = gpu_unit(cap)
+            gain = share_fragments(free, cap, state.mix, cpu, ram, unit) - share_fragments(
+                after, cap, state.mix, cpu_after, ram_after, unit
+            )
             if fits.any() and not fits.all():  # where the fit rule finds no room: last
                 gain = np.where(fits, gain, gain[fits].min() - 1.0)
             return gain
-        cols = nodes.cols
-        free, cpu, ram, model = cols[FREE], cols[CPU], cols[RAM], cols[MODEL]
+        free, model = cols[FREE], cols[MODEL]
         fragmented = self._evaluator(state.mix, nodes.models)
-        return fragmented(
-            (free, cpu, ram, model),
-            (free - state.gpus, cpu - bound(state.cpu_milli), ram - bound(state.ram_mib), model),
-        )
+        gain = fragmented((free, cpu, ram, model), (free - state.gpus, cpu_after, ram_after, model))
+        if state.shares_weight:
+            gain -= state.shares_weight * state.gpus * _excess_memory(cols)
+        return gain
+
+
+def _excess_memory(cols: np.ndarray) -> np.ndarray:
+    """How far each candidate's GPU memory exceeds the median of the sharing
+    candidates', in GPUs of that median (0 on a node that does not share: its memory
+    is no share's)."""
+    sharing = cols[LARGEST] >= 0
+    memory = np.where(sharing, np.maximum(cols[MEMORY], 0), 0).astype(np.float64)
+    if not sharing.any():
+        return memory
+    unit = float(np.median(memory[sharing]))
+    if unit <= 0:
+        return np.zeros(len(memory))
+    return np.maximum(memory / unit - 1.0, 0.0)
 
 
 #: Up to this many (state, shape) pairs are evaluated directly; above, the distinct

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.app import create_app
+from extender.cache_shares import ShareClass
 from extender.share_columns import place, share_fragments
 from gpu_scheduler import contract, sharing
 from tests.factories import make_node, make_pod
@@ -94,7 +95,8 @@ def test_the_cache_keeps_each_gpu_of_a_sharing_node(world):
     assert [(g.free, g.whole_free) for g in view.gpus["s2"]] == [(0, False), (80, True)]
     assert view.free["s1"][0] == 1 and view.free["s2"][0] == 1
     assert "w" not in view.gpus
-    assert dict((k, s) for k, s, _ in view.share_mix) == {"share": 40, "whole": 1}
+    assert {(c.kind, c.size) for c in view.share_mix} == {("share", 40), ("whole", 1)}
+    assert {c.cpu_milli for c in view.share_mix} == {1000}  # the pods' CPU, on the grid
 
 
 def test_a_share_goes_to_the_best_fitting_gpu_and_whole_nodes_are_refused(world):
@@ -193,16 +195,51 @@ def test_the_vector_placement_is_the_fit_rule(nodes, shares, whole):
             assert [g.free for g in expect] == list(after[i, : len(row)])
 
 
+ROOMY = np.array([1 << 40, 1 << 40])  # CPU or memory no class runs short of
+
+
+def fgd_gain(free, cap, mix, shares, cpu=ROOMY, ram=ROOMY, ask=(0, 0)):
+    free, cap = np.array(free), np.array(cap)
+    after = place(free, cap, shares)[0]
+    unit = float(np.median(cap[cap > 0]))
+    before = share_fragments(free, cap, mix, cpu, ram, unit)
+    return before - share_fragments(after, cap, mix, cpu - ask[0], ram - ask[1], unit)
+
+
 def test_fgd_prefers_the_placement_that_leaves_usable_pieces():
     # Mix: half the pods ask 40 GiB, half a whole GPU. Node A: GPUs with 40 and 80
     # free; node B: 80 and 80. A 40 GiB pod on A fills the 40 (nothing left to
     # fragment); on B it breaks a whole GPU, which the whole-GPU class then cannot use.
-    mix = (("share", 40, 0.5), ("whole", 1, 0.5))
-    free = np.array([[40, 80], [80, 80]])
-    cap = np.array([[80, 80], [80, 80]])
-    after = place(free, cap, [40])[0]
-    delta = share_fragments(free, cap, mix) - share_fragments(after, cap, mix)
-    assert delta[0] > delta[1]
+    mix = (ShareClass("share", 40, 0, 0, 0.5), ShareClass("whole", 1, 0, 0, 0.5))
+    gain = fgd_gain([[40, 80], [80, 80]], [[80, 80], [80, 80]], mix, [40])
+    assert gain[0] > gain[1]
+
+
+def test_fgd_breaks_the_largest_gpu_when_a_share_must_break_one():
+    # 13 GiB on a free 16 GiB GPU leaves 3 that no common share fits; on a free 32 GiB
+    # GPU it leaves 19, where the next 13 still fits. The whole-GPU class loses one
+    # GPU either way (counted by what was left on it, the 32 looked worse), and still
+    # has the other GPU of each node.
+    mix = (
+        ShareClass("share", 13, 0, 0, 0.3),
+        ShareClass("share", 8, 0, 0, 0.3),
+        ShareClass("whole", 1, 0, 0, 0.4),
+    )
+    gain = fgd_gain([[16, 16], [32, 32]], [[16, 16], [32, 32]], mix, [13])
+    assert gain[1] > gain[0]
+
+
+def test_fgd_sees_a_class_the_cpu_left_beside_the_gpus_cannot_run():
+    # Two nodes alike but for their free CPU: on A the pod leaves 2 cores, and the
+    # common class asks 4: A's free GPU memory is then a fragment for it.
+    mix = (ShareClass("share", 4, 4000, 0, 0.8), ShareClass("share", 8, 1000, 0, 0.2))
+    gain = fgd_gain(
+        [[16, 16], [16, 16]], [[16, 16], [16, 16]], mix, [4],
+        cpu=np.array([6000, 64000]), ask=(4000, 0),
+    )  # fmt: skip
+    assert gain[1] > gain[0]
+    alike = fgd_gain([[16, 16], [16, 16]], [[16, 16], [16, 16]], mix, [4])
+    assert alike[0] == alike[1]
 
 
 def test_the_explanation_names_the_gpu(world):
@@ -283,3 +320,32 @@ def test_an_unrestricted_share_is_steered_off_the_product_restricted_pods_need(w
     view.pressure = {"NVIDIA-H100": 0.9, "OTHER": 0.0}
     scores = score_array(pod, nodes, view, build_policies(cfg), cfg, names=["s2", "s3"])
     assert scores[1] > scores[0]
+
+
+@pytest.mark.parametrize("with_shares", [True, False])
+def test_a_whole_gpu_pod_leaves_the_large_gpus_to_the_shares(with_shares):
+    from extender.config import ExtenderConfig
+    from extender.engine import score_array
+    from extender.model import pod_facts
+    from extender.policies import build_policies
+
+    nodes = [shared_node("small", gpus=4, gib=16), shared_node("large", gpus=4, gib=32)]
+    pods = [
+        make_pod("w", 1, node="small", phase="Running"),
+        make_pod("v", 1, node="large", phase="Running"),
+    ]
+    if with_shares:
+        pods += [share_pod("s", 8, node="small"), share_pod("t", 8, node="large")]
+    cache = synced_cache(nodes, pods)
+    try:
+        view = cache.view()
+        cfg = ExtenderConfig(weights={"fragmentation": 10, "gpu": 0, "spot": 0, "scarcity": 0})
+        facts = [view.nodes["small"], view.nodes["large"]]
+        scores = score_array(
+            pod_facts(make_pod("x", 1)), facts, view, build_policies(cfg), cfg,
+            names=["small", "large"],
+        )  # fmt: skip
+        # the two nodes are alike for the whole-GPU mix; only the shares tell them apart
+        assert (scores[0] > scores[1]) if with_shares else (scores[0] == scores[1]), scores
+    finally:
+        cache.stop()
