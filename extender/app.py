@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from flask import Flask
 
-from extender import choice, cluster, metrics, wire
+from extender import choice, cluster, metrics, preemption, wire
 from extender.cache import ClusterCache
 from extender.config import ExtenderConfig, load_config
 from extender.endpoints import Call, Endpoints, Then, VerbGuard
@@ -430,6 +430,16 @@ def create_app(
         "/prioritize",
         "prioritize",
         lambda: endpoints.serve("prioritize", decider.prioritize),
+        methods=["POST"],
+    )
+    app.add_url_rule(
+        "/preempt",
+        "preempt",
+        lambda: endpoints.serve(
+            "preempt",
+            lambda call: preemption.answer(call, cache, decider.policies),
+            lambda payload: preemption.parse_call(payload, decider.pod, cache),
+        ),
         methods=["POST"],
     )
     app.extensions["gpu_scheduler"] = {"cache": cache, "config": cfg, "explainer": explainer}

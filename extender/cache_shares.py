@@ -8,7 +8,7 @@ Mixed into :class:`~extender.cache.ClusterCache`; every method runs under its lo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from extender.layered import Layered
@@ -133,3 +133,27 @@ class PodAccounting:
     def misfits(self) -> Mapping[str, int]:
         """Sharing nodes where bound pods did not fit their GPUs, and how many."""
         return self._misfits
+
+    def preemption_pods(
+        self, names: Iterable[str]
+    ) -> tuple[dict[str, list[tuple[str, PodRecord]]], dict[str, frozenset[str]]]:
+        """For the preempt verb: each named node's pods that take GPUs, (uid, record),
+        and every gang of those pods -> the UIDs of all its members, wherever they run
+        (the whole cache is read: preemption is rare, and a gang spans nodes)."""
+        with self._lock:
+            pods = self._pods
+            on = {
+                name: [
+                    (uid, record)
+                    for uid in self._node_pods.get(name, ())
+                    if (record := pods.get(uid)) is not None and (record.gpus or record.shares)
+                ]
+                for name in names
+            }
+            wanted = {record.gang for found in on.values() for _, record in found if record.gang}
+            gangs: dict[str, set[str]] = {gang: set() for gang in wanted}
+            if wanted:
+                for uid, record in pods.items():
+                    if record.gang in gangs:
+                        gangs[record.gang].add(uid)
+        return on, {gang: frozenset(uids) for gang, uids in gangs.items()}

@@ -332,16 +332,20 @@ class Candidates:
         nodes: Sequence[NodeFacts | None],
         free: Mapping[str, FreeState],
         used: Mapping[str, int],
+        gpus: Mapping[str, Sequence[Gpu]] | None = None,
     ):
         """From facts in hand (args mode: the Node objects of the request). A node
-        absent from ``free`` has its own allocatable free and no pods known."""
+        absent from ``free`` has its own allocatable free and no pods known; a sharing
+        node absent from ``gpus`` has nothing placed on its GPUs."""
         models, zones = Codes(), Codes()
         rows, beats, where = [], [], []
         for i, node in enumerate(nodes):
             if node is None or node.error is not None:
                 continue
             state = free.get(node.name)
-            shared = node_state(node.shared.gpus) if node.shared is not None else None
+            shared = (gpus or {}).get(node.name)
+            if shared is None and node.shared is not None:
+                shared = node_state(node.shared.gpus)
             if state is None:
                 state = free_state(node, used.get(node.name, 0), 0, 0, shared)
             rows.append(row(node, state, models, zones, shared))

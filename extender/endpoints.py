@@ -109,7 +109,8 @@ Then = Callable[[float], bool]
 
 
 class Endpoints:
-    """``/filter`` and ``/prioritize``: guard, sync check, parse, decide, log."""
+    """``/filter``, ``/prioritize`` and ``/preempt``: guard, sync check, parse, decide,
+    log."""
 
     def __init__(
         self,
@@ -123,7 +124,8 @@ class Endpoints:
     def serve(
         self,
         verb: str,
-        decide: Callable[[Call], tuple[bytes, dict[str, Any], Then | None]],
+        decide: Callable[[Any], tuple[bytes, dict[str, Any], Then | None]],
+        parse: Callable[[Any], Call] | None = None,
     ) -> Response:
         started = time.perf_counter()
         refusal = self.guard.refusal(verb)
@@ -139,7 +141,7 @@ class Endpoints:
                 return json_response(wire.error_result(message))
             return json_response({"error": message}, 503)
         try:
-            req = self.parse(read_json_body(self.max_body))
+            req = (parse or self.parse)(read_json_body(self.max_body))
             payload, details, then = decide(req)
         except BadInput as exc:
             metrics.REQUESTS.labels(verb, "400").inc()

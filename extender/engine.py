@@ -38,7 +38,7 @@ def candidates_of(
     (``nodes[i]`` for ``names[i]``, None when unknown) and the view's usage."""
     if isinstance(nodes, Candidates):
         return nodes
-    return Candidates.from_facts(names, nodes, view.free, view.used)
+    return Candidates.from_facts(names, nodes, view.free, view.used, view.gpus)
 
 
 def filter_nodes(

@@ -41,6 +41,14 @@ FILTER_PICKS = Counter(
     "to be weighed or filterChooses is off)",
     ["picker"],
 )
+PREEMPTION_NODES = Counter(
+    "gpu_scheduler_extender_preemption_nodes_total",
+    "Candidate nodes of preempt calls, by outcome (kept: the pod fits there once the "
+    "victims go; dropped: no victims the extender may take make it fit, they would split a "
+    "gang, or another node has less to avoid), and victims-added: pods the extender added "
+    "to kube-scheduler's victims so that the pod fits by its own count",
+    ["outcome"],
+)
 CACHE_OBJECTS = Gauge(
     "gpu_scheduler_extender_cache_objects",
     "Objects held in the cluster cache",

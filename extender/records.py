@@ -16,11 +16,14 @@ from gpu_scheduler.fields import FieldError
 
 class PodRecord:
     __slots__ = (
-        "cpu_milli", "demand", "gpus", "group", "key", "node", "products", "ram_mib", "seq",
-        "shares",
+        "cpu_milli", "demand", "gang", "gpus", "group", "key", "node", "priority", "products",
+        "ram_mib", "seq", "shares",
     )  # fmt: skip
     #: What __eq__ compares: all but ``seq`` and ``demand``, the cache's bookkeeping.
-    _COMPARED = ("cpu_milli", "gpus", "group", "key", "node", "products", "ram_mib", "shares")
+    _COMPARED = (
+        "cpu_milli", "gang", "gpus", "group", "key", "node", "priority", "products", "ram_mib",
+        "shares",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -32,6 +35,8 @@ class PodRecord:
         ram_mib: int = 0,
         shares: tuple[int, ...] = (),
         key: str = "",
+        priority: int = 0,
+        gang: str | None = None,
     ) -> None:
         self.node = node
         self.gpus = gpus
@@ -43,6 +48,10 @@ class PodRecord:
         #: a node's report names it); the key only for a GPU pod.
         self.shares = shares
         self.key = key
+        #: What preemption weighs (extender/preemption.py): its priority, and the gang
+        #: it belongs to (``podspec.pod_gang``), evicted whole or not at all.
+        self.priority = priority
+        self.gang = gang
         #: When the cache first counted it on its node (cache_assumed._place): the order
         #: a sharing node's unreported pods are fitted in, kept through its updates.
         self.seq = 0
@@ -104,8 +113,18 @@ def pod_record(pod: Mapping[str, Any]) -> tuple[str, PodRecord] | None:
     cpu_milli, ram_mib = podspec.pod_cpu_memory(spec) if asks else (0, 0)
     name = meta.get("name")
     key = f"{namespace}/{name}" if (gpus or shares) and isinstance(name, str) else ""
+    gang = podspec.pod_gang(meta, spec) if asks else None
     return uid, PodRecord(
-        sys.intern(node), gpus, group, restricted, cpu_milli, ram_mib, shares, key
+        sys.intern(node),
+        gpus,
+        group,
+        restricted,
+        cpu_milli,
+        ram_mib,
+        shares,
+        key,
+        podspec.pod_priority(spec),
+        sys.intern(gang) if gang else None,
     )
 
 

@@ -155,7 +155,7 @@ class View:
         """The rows of ``names`` (from the table, else built from the node facts)."""
         if self.table is not None:
             return Candidates.from_view(names, self.table, self.nodes)
-        return Candidates.from_facts(names, self.lookup(names), self.free, self.used)
+        return Candidates.from_facts(names, self.lookup(names), self.free, self.used, self.gpus)
 
 
 def args_view() -> View:

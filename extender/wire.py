@@ -197,3 +197,71 @@ def host_priorities_json(names: Sequence[str], scores: Sequence[int] | np.ndarra
     parts[0] = '[{"Host":"' + parts[0]
     parts[-1] = _SCORE_TAILS[scores[-1]] + "]"
     return "".join(parts).encode()  # one large string and its bytes, no more
+
+
+#: At most this many candidate nodes in one preemption call, and victims on one node.
+MAX_PREEMPTION_NODES = 50_000
+MAX_VICTIMS = 4096
+
+
+def parse_preemption(payload: Any) -> tuple[dict[str, Any], dict[str, tuple[list[str], int]]]:
+    """``ExtenderPreemptionArgs``: the Pod, and per node the victims' UIDs and the
+    PodDisruptionBudget violations kube-scheduler counted. ``NodeNameToMetaVictims``
+    (``nodeCacheCapable``: ``{"Pods": [{"UID": ...}], "NumPDBViolations": N}``) or
+    ``NodeNameToVictims`` (the Pod objects). Anything else is :class:`BadInput`."""
+    if not isinstance(payload, dict):
+        raise BadInput(f"ExtenderPreemptionArgs must be a JSON object, not {type_name(payload)}")
+    pod = _field(payload, "Pod")
+    if not isinstance(pod, dict):
+        raise BadInput(f"ExtenderPreemptionArgs.Pod must be an object, not {type_name(pod)}")
+    key, meta = "NodeNameToMetaVictims", True
+    nodes = _field(payload, key)
+    if nodes is None:
+        key, meta = "NodeNameToVictims", False
+        nodes = _field(payload, key)
+    nodes = {} if nodes is None else nodes
+    if not isinstance(nodes, dict):
+        raise BadInput(f"ExtenderPreemptionArgs.{key} must be an object, not {type_name(nodes)}")
+    if len(nodes) > MAX_PREEMPTION_NODES:
+        raise BadInput(f"ExtenderPreemptionArgs.{key} names {len(nodes)} nodes")
+    out: dict[str, tuple[list[str], int]] = {}
+    for name, victims in nodes.items():
+        where = f"ExtenderPreemptionArgs.{key}[{clip(name, 80)}]"
+        _node_name(name, f"a node name in ExtenderPreemptionArgs.{key}")
+        if victims is None:
+            out[name] = ([], 0)
+            continue
+        if not isinstance(victims, dict):
+            raise BadInput(f"{where} must be an object, not {type_name(victims)}")
+        pods = _field(victims, "Pods")
+        pods = [] if pods is None else pods
+        if not isinstance(pods, list) or len(pods) > MAX_VICTIMS:
+            raise BadInput(f"{where}.Pods must be an array of at most {MAX_VICTIMS} pods")
+        pdb = _field(victims, "NumPDBViolations")
+        pdb = 0 if pdb is None else pdb
+        if type(pdb) is not int or not 0 <= pdb <= 1 << 31:
+            raise BadInput(f"{where}.NumPDBViolations must be a count, not {clip(pdb, 40)}")
+        out[name] = ([_victim_uid(p, f"{where}.Pods[{i}]", meta) for i, p in enumerate(pods)], pdb)
+    return pod, out
+
+
+def _victim_uid(entry: Any, where: str, meta: bool) -> str:
+    if meta:
+        uid = _field(entry, "UID") if isinstance(entry, dict) else None
+    else:
+        metadata = entry.get("metadata") if isinstance(entry, dict) else None
+        uid = metadata.get("uid") if isinstance(metadata, dict) else None
+    if not isinstance(uid, str) or not 0 < len(uid) <= 128:
+        raise BadInput(f"{where} must carry a pod UID, not {clip(entry, 80)}")
+    return uid
+
+
+def preemption_result(kept: Mapping[str, tuple[Sequence[str], int]]) -> dict[str, Any]:
+    """``ExtenderPreemptionResult``: the nodes kept, each with its victims by UID (the
+    answer is always by UID; kube-scheduler finds the pods on the node)."""
+    return {
+        "NodeNameToMetaVictims": {
+            name: {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": pdb}
+            for name, (uids, pdb) in kept.items()
+        }
+    }

@@ -102,8 +102,9 @@ LABEL_ZONE = "topology.kubernetes.io/zone"
 #: ``group`` policy packs a placement group by default (extender ``groupLevels``).
 #: NVIDIA's NVLink domain (GFD and the DRA driver write it on GB200-class systems);
 #: GKE's sub-block, then block; AWS's network layers from the node's (3) up (1); zone.
+LABEL_GPU_CLIQUE = "nvidia.com/gpu.clique"
 TOPOLOGY_LEVELS: tuple[str, ...] = (
-    "nvidia.com/gpu.clique",
+    LABEL_GPU_CLIQUE,
     "cloud.google.com/gce-topology-subblock",
     "cloud.google.com/gce-topology-block",
     "topology.k8s.aws/network-node-layer-3",
@@ -148,6 +149,12 @@ ANN_GROUP = "gpu-scheduler.io/group"
 #: The upstream gang field (Kubernetes 1.36+, ``GenericWorkload``): a pod joins a
 #: PodGroup (scheduling.k8s.io/v1beta1) by naming it in ``spec.schedulingGroup``.
 POD_GROUP_FIELD = ("schedulingGroup", "podGroupName")
+#: Kueue's marks on the pods of its workloads (sigs.k8s.io/kueue): every pod of an
+#: admitted workload carries the podset label; a plain-pod group names its group; with
+#: topology-aware scheduling the pod names its Workload.
+LABEL_KUEUE_PODSET = "kueue.x-k8s.io/podset"
+LABEL_KUEUE_POD_GROUP = "kueue.x-k8s.io/pod-group-name"
+ANN_KUEUE_WORKLOAD = "kueue.x-k8s.io/workload"
 # Node annotations written by the agent.
 ANN_GPUS = "gpu-scheduler.io/gpus"
 #: The agent's heartbeat before it moved to Leases: a Node annotation refreshed every

@@ -10,7 +10,14 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from gpu_scheduler.contract import POD_GROUP_FIELD, RESOURCE_GPU
+from gpu_scheduler.contract import (
+    ANN_GROUP,
+    ANN_KUEUE_WORKLOAD,
+    LABEL_KUEUE_POD_GROUP,
+    LABEL_KUEUE_PODSET,
+    POD_GROUP_FIELD,
+    RESOURCE_GPU,
+)
 from gpu_scheduler.fields import (
     FieldError,
     expect_object,
@@ -99,6 +106,53 @@ def pod_group_name(spec: Mapping[str, Any]) -> str | None:
     outer, inner = POD_GROUP_FIELD
     group = object_at(spec, outer, f"spec.{outer}")
     return string_at(group, inner, f"spec.{outer}.{inner}") or None
+
+
+def pod_gang(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> str | None:
+    """The gang a pod belongs to, as a key (``kind/namespace/name``), or None: a
+    PodGroup it joins, its ``gpu-scheduler.io/group``, its Kueue plain-pod group, or
+    the Kueue workload it is a pod of (the Workload it names, else its controlling
+    owner). Never raises: a field of the wrong type counts as absent."""
+    namespace = meta.get("namespace")
+    namespace = namespace if isinstance(namespace, str) else "default"
+    labels = meta.get("labels")
+    labels = labels if isinstance(labels, Mapping) else {}
+    annotations = meta.get("annotations")
+    annotations = annotations if isinstance(annotations, Mapping) else {}
+    try:
+        group = pod_group_name(spec)
+    except FieldError:
+        group = None
+    found = [
+        ("podgroup", group),
+        ("group", annotations.get(ANN_GROUP)),
+        ("kueue-pods", labels.get(LABEL_KUEUE_POD_GROUP)),
+    ]
+    if LABEL_KUEUE_PODSET in labels:
+        found.append(("kueue", annotations.get(ANN_KUEUE_WORKLOAD) or _controller(meta)))
+    for kind, name in found:
+        if isinstance(name, str) and name:
+            return f"{kind}/{namespace[:253]}/{name[:253]}"
+    return None
+
+
+def _controller(meta: Mapping[str, Any]) -> str | None:
+    """The UID of the object that controls a pod (its Job, its JobSet's Job...)."""
+    owners = meta.get("ownerReferences")
+    for owner in owners if isinstance(owners, list) else ():
+        if isinstance(owner, Mapping) and owner.get("controller") is True:
+            uid = owner.get("uid")
+            return uid if isinstance(uid, str) else None
+    return None
+
+
+def pod_priority(spec: Mapping[str, Any]) -> int:
+    """``spec.priority``, which admission sets from the PriorityClass (0 when absent
+    or not an integer)."""
+    value = spec.get("priority")
+    if type(value) is not int:
+        return 0
+    return max(min(value, 2**31 - 1), -(2**31))
 
 
 #: Affinity kinds whose ``preferredDuringSchedulingIgnoredDuringExecution`` terms

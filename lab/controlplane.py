@@ -53,6 +53,8 @@ CONTROLLERS = (
     "serviceaccount-token",
     # DRA: frees the devices of a finished pod's claims (kube-scheduler allocates them).
     "resourceclaim-controller",
+    # PodDisruptionBudgets' status (the disruptions allowed), which preemption weighs.
+    "disruption",
 )
 # With a real node (lab.realnode): pods' kube-root-ca.crt, and the endpoints the API
 # server's webhook calls are routed to (--enable-aggregator-routing).

@@ -25,7 +25,7 @@ def fuzz_nodes(stack):
         api.delete_node(name)
 
 
-@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "preempt"])
 def test_extender_cluster_mode(stack, fuzz_nodes, verb):
     proc = stack.cluster.processes["extender"]
     targets = servers.extender_targets(

@@ -34,6 +34,11 @@ from tests.e2e.kube import (
     wait_bound,
 )
 from tests.e2e.scenarios import GPU_TAINT, create_gpu_device_class, gpu_node, publish_slice
+from tests.e2e.test_preemption import (
+    inference_preempts_training,
+    never_preempts,
+    sick_gpu_gets_enough_victims,
+)
 from tests.helpers import required, wait_for
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gpus"
@@ -102,6 +107,15 @@ def test_smoke_agent_labels_its_node(old):
         assert labels[contract.LABEL_GPU_MEMORY] == "23034"
     finally:
         old.cluster.stop_process(agent.name)
+
+
+def test_preemption_on_the_oldest_minor(old, tmp_path):
+    """The preempt verb on kube-scheduler 1.34: just enough victims, also where a sick
+    GPU makes kube-scheduler's own count one short, and none under preemptionPolicy
+    Never (tests/e2e/test_preemption.py)."""
+    inference_preempts_training(old)
+    sick_gpu_gets_enough_victims(old, tmp_path)
+    never_preempts(old)
 
 
 def test_smoke_a_dra_node_takes_a_gpu_pod(old):

@@ -4,7 +4,7 @@
 
 Starts the extender in args mode and the webhook over TLS (2 workers each, as
 deployed), a local control plane with the extender in cluster mode (1 worker, as
-deployed), sends ``--count`` generated requests to each of /filter and /prioritize
+deployed), sends ``--count`` generated requests to each of /filter, /prioritize, /preempt
 (both node sources) and /mutate, and prints the table (``--write-docs``: also into
 docs/ROBUSTNESS.md). Exits non-zero when any endpoint answered 5xx, lost a worker,
 logged an alarm or failed the valid request afterwards.

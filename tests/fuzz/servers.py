@@ -80,6 +80,21 @@ def names_body() -> dict[str, Any]:
     return {"Pod": base_pod(), "Nodes": None, "NodeNames": list(NODE_NAMES)}
 
 
+def preempt_body(mode: str) -> dict[str, Any]:
+    """kube-scheduler's preempt call: a victim on each node, by UID (cluster mode,
+    ``nodeCacheCapable``) or as the Pod (args mode)."""
+    if mode == "args":
+        victims = {
+            name: {"Pods": [{**base_pod(), "metadata": {"name": "v", "uid": f"uid-{name}"}}]}
+            for name in NODE_NAMES
+        }
+        return {"Pod": base_pod(), "NodeNameToVictims": victims}
+    victims = {
+        name: {"Pods": [{"UID": f"uid-{name}"}], "NumPDBViolations": 0} for name in NODE_NAMES
+    }
+    return {"Pod": base_pod(), "NodeNameToMetaVictims": victims}
+
+
 def review_body() -> dict[str, Any]:
     return admission_review(base_pod(), uid="b7bb6a4f-0000-4000-8000-000000000001", namespace="ml")
 
@@ -137,13 +152,13 @@ def extender_targets(
         Target(
             f"/{verb} ({mode})",
             f"{url}/{verb}",
-            base,
+            preempt_body(mode) if verb == "preempt" else base,
             pid,
             log,
             verify=tls.get("verify", True),
             cert=tls.get("cert"),
         )
-        for verb in ("filter", "prioritize")
+        for verb in ("filter", "prioritize", "preempt")
     ]
 
 

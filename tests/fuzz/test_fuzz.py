@@ -30,7 +30,7 @@ def check(result: harness.Result) -> None:
     assert result.statuses["valid"] == {200: COUNT // len(result.statuses)}, report
 
 
-@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "preempt"])
 def test_extender_args_mode(work, verb):
     with servers.extender_args_mode(work) as (url, pid, log):
         target = next(t for t in servers.extender_targets(url, pid, log, "args") if verb in t.name)

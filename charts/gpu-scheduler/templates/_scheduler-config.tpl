@@ -32,6 +32,7 @@ extenders:
   - urlPrefix: {{ if .Values.extender.tls }}https{{ else }}http{{ end }}://gpu-scheduler-extender.{{ .Release.Namespace }}.svc:8888
     filterVerb: filter
     prioritizeVerb: prioritize
+    preemptVerb: preempt
     weight: 10
     enableHTTPS: {{ .Values.extender.tls }}
     {{- if .Values.extender.tls }}
