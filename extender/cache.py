@@ -30,7 +30,7 @@ from extender.layered import Layered
 from extender.model import NodeFacts, lease_heartbeat, node_facts
 from extender.records import PodRecord, object_key, pod_record
 from extender.records import reduced as _reduced
-from extender.reflector import Reflector
+from extender.reflector import Reflector, stale_readiness
 from extender.view import View
 from extender.workload import ShapeCounts, product_pressure
 from gpu_scheduler import contract
@@ -242,7 +242,7 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PodAccounting):
         if "leases" in self.reflectors:
             summary += f", {len(self._leases)} agent heartbeats"
         if age > STALE_AFTER:
-            return False, f"the view is {age:.0f}s old (over {STALE_AFTER:.0f}s); {summary}"
+            return stale_readiness(self.reflectors, age, STALE_AFTER, summary)
         if self._degraded is not None:  # ready still: the other replica would fail alike
             return True, f"degraded: answering from the last good view ({self._degraded})"
         return True, f"{summary}; view {age:.0f}s old"

@@ -84,6 +84,10 @@ class Reflector:
         self._version: str | None = None
         #: Why an optional kind counts as absent (None: it is not).
         self.absent: str | None = None
+        #: Why the API server does not answer this kind (an error, or no answer over a
+        #: new connection either), until it next says anything; None: it answers, or
+        #: only a connection of ours went silent (cache.ready tells the two apart).
+        self.failing: str | None = None
         self._relist = threading.Event()
 
     def age(self) -> float | None:
@@ -95,6 +99,7 @@ class Reflector:
 
     def _touch(self) -> None:
         self.contact = self.clock()
+        self.failing = None
         metrics.child(metrics.CACHE_CONTACT, self.kind).set(time.time())
 
     def request_relist(self) -> None:
@@ -136,6 +141,8 @@ class Reflector:
                     continue
                 self.reset_connections()
                 if is_timeout(exc):
+                    if version is None:  # a list over a new connection: silent too
+                        self.failing = f"no answer over a new connection ({exc!r})"[:300]
                     # Silence: maybe a half-open connection; list again over a new one.
                     why, version = "silence", None
                     log.warning(
@@ -145,6 +152,7 @@ class Reflector:
                     continue
                 # A broken watch resumes from the last resourceVersion it saw (client-go
                 # does the same); a failed list is tried again. Either after a backoff.
+                self.failing = repr(exc)[:300]
                 if version is not None:
                     version = self._version or version
                 else:
@@ -251,3 +259,25 @@ class Reflector:
 def _status(exc: BaseException) -> int | None:
     status = getattr(exc, "status", None)
     return status if isinstance(status, int) else None
+
+
+def stale_readiness(
+    reflectors: Mapping[str, Reflector], age: float, limit: float, summary: str
+) -> tuple[bool, str]:
+    """Readiness when the view is over ``limit`` seconds old. Where the API server
+    does not answer this replica (errors, or silence over new connections too) for
+    every kind that is stale, the cause is one the other replica shares (the API
+    server down or overloaded, egress to it cut): both going unready would stop every
+    GPU pod, while kube-scheduler can live with decisions from the last view (its own
+    fit check guards each binding), so the replica stays ready, degraded. Where the
+    API server answers and only this replica's connections went silent, it is not
+    ready: the other replica answers meanwhile, and this one heals at the silence
+    bound."""
+    stale = {kind: r for kind, r in reflectors.items() if (r.age() or 0.0) > limit}
+    failing = [f"{kind}: {r.failing}" for kind, r in stale.items() if r.failing]
+    if stale and len(failing) == len(stale):
+        return True, (
+            f"degraded: the view is {age:.0f}s old and the API server does not answer this "
+            f"replica ({failing[0]}); answering from the last view; {summary}"
+        )
+    return False, f"the view is {age:.0f}s old (over {limit:.0f}s); {summary}"

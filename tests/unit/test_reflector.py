@@ -150,3 +150,37 @@ def test_a_replace_that_stops_early_is_an_error():
     )
     with pytest.raises(RuntimeError, match="did not read the list"):
         reflector._list("start")
+
+
+def test_an_api_server_that_refuses_is_failing_until_it_answers_again(world):
+    api, _sink, reflector, _ = world
+    reflector.start()
+    api.wait_for_watch(1)
+    assert reflector.failing is None
+    api.fail_next.extend([ConnectionRefusedError("refused")] * 2)
+    api.end_watch()  # the watch ends; the next two calls are refused
+    wait_for(lambda: reflector.failing is not None, 5, "the refusal seen")
+    assert "refused" in reflector.failing
+    api.wait_for_watch(2, timeout=10)
+    api.bookmark()  # it answers again: its first word clears the failure
+    wait_for(lambda: reflector.failing is None, 5, "the failure cleared")
+
+
+def test_a_stale_view_is_ready_only_where_the_api_server_does_not_answer_either():
+    from extender.reflector import stale_readiness
+
+    def reflector(age, failing=None):
+        made = Reflector("k", FakeListWatch(), {}, print, print, stop=threading.Event())
+        made.contact, made.clock, made.failing = 0.0, lambda: age, failing
+        return made
+
+    # the API server answers; only this replica's watch went silent: not ready
+    ok, why = stale_readiness({"nodes": reflector(45), "pods": reflector(1)}, 45, 40, "s")
+    assert not ok and "45s old" in why
+    # it refuses this replica for every stale kind: the other replica sees the same
+    stale = {"nodes": reflector(45, "ConnectionRefusedError()"), "pods": reflector(45, "x")}
+    ok, why = stale_readiness(stale, 45, 40, "s")
+    assert ok and why.startswith("degraded:") and "ConnectionRefusedError" in why
+    # one stale kind silent, one refused: not the shared cause
+    ok, _ = stale_readiness({"nodes": reflector(45, "x"), "pods": reflector(45)}, 45, 40, "s")
+    assert not ok
