@@ -24,6 +24,7 @@ from lab.stack import NAMESPACE, deploy_documents
 from tests.e2e.kube import install_certs
 
 CHART = ROOT / "charts" / "gpu-scheduler"
+PROFILE = "scheduler.profile."
 HASHED = re.compile(r"^(gpu-scheduler(?:-\w+)*-config)-[a-z0-9]{10}$")
 MODES = [
     [],
@@ -104,6 +105,40 @@ def test_helm_template_equals_kubectl_kustomize(control_plane_binary, helm_binar
     assert sorted(chart) == sorted(kustomize)
     for key, obj in kustomize.items():
         assert chart[key] == obj, key
+
+
+@pytest.mark.parametrize(
+    "values, picks",
+    [
+        ((), True),
+        (("--set-json", PROFILE + 'extraScorePlugins=[{"name":"ImageLocality"}]'), False),
+        (("--set", PROFILE + "systemDefaultSpreading=true"), False),
+        (("--set-json", PROFILE + 'extraExtenders=[{"urlPrefix":"http://q:80"}]'), False),
+    ],
+    ids=["as shipped", "a score plugin", "default spreading", "a second extender"],
+)  # fmt: skip
+def test_the_pick_is_off_where_the_profile_scores_what_it_does_not_account_for(
+    helm_binary, values, picks
+):
+    docs = {_key(d): d for d in helm_template(helm_binary, *values)}
+    profile = yaml.safe_load(
+        docs[("ConfigMap", NAMESPACE, "gpu-scheduler-config")]["data"]["scheduler-config.yaml"]
+    )
+    extender = yaml.safe_load(
+        docs[("ConfigMap", NAMESPACE, "gpu-scheduler-extender-config")]["data"][
+            "extender-config.yaml"
+        ]
+    )
+    assert extender["filterChooses"] is picks
+    scores = profile["profiles"][0].get("plugins", {}).get("score", {}).get("enabled", [])
+    spread = next(
+        c for c in profile["profiles"][0]["pluginConfig"] if c["name"] == "PodTopologySpread"
+    )
+    extenders = profile["extenders"]
+    assert bool(scores or spread["args"]["defaultingType"] == "System" or len(extenders) > 1) is (
+        not picks
+    )
+    assert extenders[0]["preemptVerb"] == "preempt"
 
 
 @pytest.mark.parametrize("values", MODES, ids=lambda v: " ".join(v[1::2]) or "defaults")

@@ -12,6 +12,12 @@ leaderElection:
   resourceNamespace: {{ .Release.Namespace }}
 profiles:
   - schedulerName: gpu-scheduler
+    {{- with .Values.scheduler.profile.extraScorePlugins }}
+    plugins:
+      score:
+        enabled:
+          {{- toYaml . | nindent 10 }}
+    {{- end }}
     pluginConfig:
       - name: NodeResourcesFit
         args:
@@ -26,8 +32,12 @@ profiles:
                 weight: 1
       - name: PodTopologySpread
         args:
+          {{- if .Values.scheduler.profile.systemDefaultSpreading }}
+          defaultingType: System
+          {{- else }}
           defaultingType: List
           defaultConstraints: []
+          {{- end }}
 extenders:
   - urlPrefix: {{ if .Values.extender.tls }}https{{ else }}http{{ end }}://gpu-scheduler-extender.{{ .Release.Namespace }}.svc:8888
     filterVerb: filter
@@ -44,4 +54,25 @@ extenders:
     httpTimeout: 5s
     nodeCacheCapable: true
     ignorable: false
+  {{- with .Values.scheduler.profile.extraExtenders }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end }}
+
+{{/* Whether the gpu-scheduler profile scores anything the extender's pick does not
+account for (docs/concepts/policies.md, "One round trip a pod"): then the filter must
+return every node that fits, so kube-scheduler weighs it. */}}
+{{- define "gpu-scheduler.profileOverridesPick" -}}
+{{- $p := .Values.scheduler.profile -}}
+{{- if or $p.extraScorePlugins $p.systemDefaultSpreading $p.extraExtenders }}true{{ end -}}
+{{- end }}
+
+{{/* The extender's configuration file: extender.config, the pick off where the
+profile would be overridden by it. */}}
+{{- define "gpu-scheduler.extenderConfig" -}}
+{{- $config := deepCopy .Values.extender.config -}}
+{{- if include "gpu-scheduler.profileOverridesPick" . }}
+{{- $_ := set $config "filterChooses" false -}}
+{{- end }}
+{{- toYaml $config }}
 {{- end }}
