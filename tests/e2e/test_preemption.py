@@ -197,6 +197,10 @@ def test_preemption_policy_never_evicts_nothing(stack):
 
 
 def test_a_disruption_budget_sends_the_preemptor_to_the_unprotected_node(stack):
+    budget_steers_the_preemptor(stack)
+
+
+def budget_steers_the_preemptor(stack) -> None:
     priority_classes(stack)
     case = unique("preempt-pdb")
     guarded, free = gpu_node(stack, case, "guarded"), gpu_node(stack, case, "free")
@@ -223,6 +227,10 @@ def _budget_settled(stack, name: str) -> bool:
 
 
 def test_a_gang_loses_all_its_members_or_none(stack):
+    gang_whole_or_none(stack)
+
+
+def gang_whole_or_none(stack) -> None:
     """Gang ``train`` runs one 4-GPU member on each of two nodes, beside a lone 4-GPU
     pod of lower priority on each. An 8-GPU preemptor would have to take a member and
     leave its sibling holding four GPUs: it takes nothing. A 4-GPU preemptor takes a

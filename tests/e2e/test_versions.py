@@ -35,6 +35,8 @@ from tests.e2e.kube import (
 )
 from tests.e2e.scenarios import GPU_TAINT, create_gpu_device_class, gpu_node, publish_slice
 from tests.e2e.test_preemption import (
+    budget_steers_the_preemptor,
+    gang_whole_or_none,
     inference_preempts_training,
     never_preempts,
     sick_gpu_gets_enough_victims,
@@ -110,12 +112,15 @@ def test_smoke_agent_labels_its_node(old):
 
 
 def test_preemption_on_the_oldest_minor(old, tmp_path):
-    """The preempt verb on kube-scheduler 1.34: just enough victims, also where a sick
-    GPU makes kube-scheduler's own count one short, and none under preemptionPolicy
-    Never (tests/e2e/test_preemption.py)."""
+    """The preempt verb on kube-scheduler 1.34, the scenarios of
+    tests/e2e/test_preemption.py: just enough victims, also where a sick GPU makes
+    kube-scheduler's own count one short; none under preemptionPolicy Never; the node a
+    PodDisruptionBudget does not protect; a gang whole or not at all."""
     inference_preempts_training(old)
     sick_gpu_gets_enough_victims(old, tmp_path)
     never_preempts(old)
+    budget_steers_the_preemptor(old)
+    gang_whole_or_none(old)
 
 
 def test_smoke_a_dra_node_takes_a_gpu_pod(old):
