@@ -63,7 +63,7 @@ def gang_story(api_client: Any, pod: Any) -> list[str]:
     from kubernetes.client.exceptions import ApiException
 
     from gpu_scheduler import podspec
-    from gpu_scheduler.kube import decode_json
+    from gpu_scheduler.jsondecode import decode_json
 
     # The typed client's Pod has no schedulingGroup (newer than the client): read JSON.
     core = client.CoreV1Api(api_client)

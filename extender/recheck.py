@@ -55,7 +55,8 @@ from extender.model import node_facts
 from extender.records import pod_record
 from extender.sources import LIVE_PODS
 from gpu_scheduler.fields import FieldError
-from gpu_scheduler.kube import decode_json, is_timeout, reset_connections
+from gpu_scheduler.jsondecode import decode_json
+from gpu_scheduler.kube import is_timeout, reset_connections
 
 log = logging.getLogger(__name__)
 

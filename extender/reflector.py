@@ -34,7 +34,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from extender import metrics
-from gpu_scheduler.kube import decode_json
+from gpu_scheduler.jsondecode import decode_json
 
 log = logging.getLogger(__name__)
 

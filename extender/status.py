@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from extender.model import MIG_PART
-from gpu_scheduler.kube import decode_json
+from gpu_scheduler.jsondecode import decode_json
 from gpu_scheduler.table import render_table
 
 if TYPE_CHECKING:

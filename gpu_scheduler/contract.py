@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from gpu_scheduler.jsondecode import decode_json
 from gpu_scheduler.quantity import QuantityError, mib, parse_quantity, type_name
 from gpu_scheduler.textclip import clip, clip_text
 
@@ -333,8 +334,6 @@ def gpu_health(value: Any, replicas: int = 1, mig_single: bool = False) -> GpuHe
     shares it that many ways); a healthy GPU in MIG mode counts its MIG devices under
     GFD's single strategy (``mig_single``: they are ``nvidia.com/gpu`` then) and none
     otherwise (under the mixed strategy they are other resources)."""
-    from gpu_scheduler.kube import decode_json
-
     if not isinstance(value, str) or not value or len(value) > MAX_GPUS_ANNOTATION:
         return None
     try:

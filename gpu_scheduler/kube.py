@@ -6,11 +6,10 @@ that vanished is noticed by the kernel; callers also give every call a read time
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
+from gpu_scheduler.jsondecode import decode_json
 
 
 def json_pointer_token(key: str) -> str:
@@ -58,17 +57,6 @@ def is_timeout(exc: BaseException) -> bool:
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
         seen += 1
     return False
-
-
-def decode_json(data: bytes | str) -> Any:
-    """An API server's JSON (a list page, a watch event) as plain Python objects:
-    orjson (a fifth of the stdlib's time on a watch event), or the stdlib for what
-    orjson refuses and the API server may still send (a lone surrogate escaped in a
-    string, a number beyond a double)."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
 
 
 class Gone(Exception):

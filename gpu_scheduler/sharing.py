@@ -20,6 +20,7 @@ from typing import Any
 
 from gpu_scheduler import contract
 from gpu_scheduler.fields import expect_object, list_at
+from gpu_scheduler.jsondecode import decode_json
 from gpu_scheduler.podspec import container_request
 
 #: One unit of ``gpu-scheduler.io/gpu-memory``: 1 GiB of one GPU's memory.
@@ -241,8 +242,6 @@ def read_report(value: Any) -> dict[str, dict[str, int | str]] | None:
     """The agent's ``gpu-scheduler.io/gpu-shares`` annotation: GPU UUID → pod
     (``namespace/name``) → units it holds there, or ``"whole"``. None when absent or
     unreadable (then the extender fits every bound pod itself)."""
-    from gpu_scheduler.kube import decode_json
-
     if not isinstance(value, str) or not value or len(value) > MAX_SHARES_ANNOTATION:
         return None
     try:
@@ -330,8 +329,6 @@ def node_gpus(
     shared), else ``count`` GPUs of ``memory_mib`` each from the labels, named
     ``gpu-0``, ``gpu-1``… (a node the agent does not label: its report cannot name
     them, so every pod on it is fitted). Empty when neither can be read."""
-    from gpu_scheduler.kube import decode_json
-
     gpus: list[tuple[str, int, bool]] = []
     entries = None
     if isinstance(annotation, str) and 0 < len(annotation) <= contract.MAX_GPUS_ANNOTATION:

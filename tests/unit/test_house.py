@@ -60,6 +60,29 @@ def test_the_floor_imports_no_component():
         assert not above, f"{name} imports {sorted(above)}"
 
 
+#: Modules that are names and pure parsing: what they import, at load time or in a
+#: function, must never reach an API client, a server or a socket.
+PURE = ("gpu_scheduler.contract", "gpu_scheduler.sharing", "gpu_scheduler.podspec")
+IO_MODULES = re.compile(
+    r"^(gpu_scheduler\.(kube|http|serving|worker|opsserver)|kubernetes|urllib3|flask|grpc|requests|socket)(\.|$)"
+)
+
+
+def test_the_contract_and_its_parsers_import_nothing_that_does_io():
+    known = modules()
+    for start in PURE:
+        seen, stack = set(), [start]
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            found = imports(known[name], top_level_only=False)
+            bad = sorted(m for m in found if IO_MODULES.match(m))
+            assert not bad, f"{start} reaches {name}, which imports {bad}"
+            stack.extend(m for m in found if m in known)
+
+
 def test_the_product_never_names_the_lab_or_the_tests():
     for name, path in modules().items():
         tree = ast.parse(path.read_text())

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gpu_scheduler.kube import decode_json
+from gpu_scheduler.jsondecode import decode_json
 
 EVENT = (
     '{"type":"MODIFIED","object":{"kind":"Pod","metadata":{"name":"p","annotations":'
