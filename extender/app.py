@@ -214,7 +214,7 @@ class Decider:
             return req, outcome, 0
         if req.args.nodes is not None or req.pod.error is not None:
             return req, outcome, 0
-        changed = cache.recheck(req.args.names)
+        changed = cache.recheck(req.args.names, wire.nominated_node(req.args.pod))
         view = cache.view()  # the watch may have caught up meanwhile, on its own
         if not changed and view.version == req.view.version:
             return req, outcome, 0

@@ -25,12 +25,12 @@ class TokenBucket:
         """The tokens it holds, refilled to now (read without taking any)."""
         return self._at(self._clock())
 
-    def take(self) -> bool:
-        """Spend one token, if there is one."""
+    def take(self, keep: float = 0.0) -> bool:
+        """Spend one token, if there is one besides the ``keep`` held back for others."""
         with self._lock:
             now = self._clock()
             self._tokens, self._refilled = self._at(now), now
-            if self._tokens >= 1:
+            if self._tokens >= 1 + keep:
                 self._tokens -= 1
                 return True
             return False

@@ -24,13 +24,16 @@ Bounded, because this is kube-scheduler's hot path and the API server's load:
 - only a verdict of no node, for a pod whose own spec is readable;
 - only up to :data:`MAX_NODES` candidates: a pod that thousands of nodes turn away is
   not waiting on one event, and a cluster that size has its next event soon;
-- :data:`RATE` node reads a second across the process (burst :data:`BURST`);
-- one filter's reads share :data:`BUDGET` s (kube-scheduler's extender
-  ``httpTimeout`` is 5 s): each API call may take :data:`TIMEOUT` s or what is left of
-  the budget, whichever is less, over a client of its own that urllib3 does not retry
-  (its default would try 4 times, each with the whole timeout); a node whose read
-  timed out is read once more over a new connection. A failed read is logged and
-  counted, and the verdict stands.
+- :data:`RATE` node reads a second across the process (burst :data:`BURST`), of which
+  :data:`RESERVED` are kept for pods kube-scheduler has nominated a node for (a
+  preemptor waiting for its victims to go: the watch that tells of them is the one
+  it waits on); such a pod's nominated node is read first;
+- one filter's reads share :data:`BUDGET` s, a small part of kube-scheduler's
+  serial cycle and of its extender ``httpTimeout`` (5 s): each API call may take
+  :data:`TIMEOUT` s or what is left of the budget, whichever is less, over a client
+  of its own that urllib3 does not retry (its default would try 4 times, each with the
+  whole timeout); a node whose read timed out is read once more over a new
+  connection. A failed read is logged and counted, and the verdict stands.
 
 Not read again: DRA claims (which devices are in use; a claim names no node a field
 selector can find), DeviceTaintRules, a ResourceSlice deleted or spanning nodes
@@ -64,8 +67,11 @@ log = logging.getLogger(__name__)
 MAX_NODES = 8
 #: Node reads a second (each a Node, its pods, a DRA node's slices), and the most at once.
 RATE, BURST = 5.0, 20
-#: Seconds one API call may take, and all of one filter's reads together.
-TIMEOUT, BUDGET = 0.5, 3.0
+#: Reads of the burst only a pod with a nominated node may take.
+RESERVED = 5
+#: Seconds one API call may take, and all of one filter's reads together: what the
+#: watch-behind e2e needs (a read of a Node and its pods takes 5-20 ms there).
+TIMEOUT, BUDGET = 0.1, 0.25
 
 
 class OutOfTime(Exception):
@@ -89,12 +95,18 @@ class Recheck:
         self._bucket = bucket or TokenBucket(RATE, BURST, clock)
         self._clock = clock
 
-    def __call__(self, names: Sequence[str]) -> int:
+    def __call__(self, names: Sequence[str], nominated: str | None = None) -> int:
+        """Read ``names`` again; ``nominated``: the node kube-scheduler nominated the
+        pod for, if any (read first, from the reserve)."""
         if not names or len(names) > MAX_NODES:
             return 0
         deadline, changed = self._clock() + BUDGET, 0
-        for name in dict.fromkeys(names):
-            if self._clock() >= deadline or not self._bucket.take():
+        order = dict.fromkeys(names)
+        if nominated in order:
+            order = {nominated: None, **order}
+        keep = 0.0 if nominated else float(RESERVED)
+        for name in order:
+            if self._clock() >= deadline or not self._bucket.take(keep):
                 metrics.RECHECKS.labels("skipped").inc()
                 continue
             try:
@@ -177,7 +189,7 @@ class Recheck:
     def _read(self, deadline: float, call: Callable[..., Any], *args: Any, **params: Any) -> Any:
         left = deadline - self._clock()
         if left <= 0:
-            raise OutOfTime(f"the recheck's {BUDGET:.0f} s are spent")
+            raise OutOfTime(f"the recheck's {BUDGET * 1000:.0f} ms are spent")
         # One number: the client makes it urllib3's total for connecting and reading.
         timeout = min(TIMEOUT, left)
         response = call(*args, _preload_content=False, _request_timeout=timeout, **params)

@@ -265,3 +265,11 @@ def preemption_result(kept: Mapping[str, tuple[Sequence[str], int]]) -> dict[str
             for name, (uids, pdb) in kept.items()
         }
     }
+
+
+def nominated_node(pod: Mapping[str, Any]) -> str | None:
+    """The node kube-scheduler nominated a pod for (``status.nominatedNodeName``: it
+    preempted there and waits for the victims to go), if the Pod says one."""
+    status = pod.get("status")
+    node = status.get("nominatedNodeName") if isinstance(status, dict) else None
+    return node if isinstance(node, str) and 0 < len(node) <= MAX_NAME else None
