@@ -24,7 +24,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from extender.model import NodeFacts
+from extender.model import NodeFacts, canon
 from gpu_scheduler.sharing import Gpu, node_state
 
 #: What a node has left for the next GPU pod: (free GPUs of those it can give (see
@@ -48,11 +48,13 @@ def free_state(
     free = node.usable - used_gpus
     if gpus is not None:
         free = min(free, sum(1 for g in gpus if g.whole_free))
-    return (
-        free,
-        UNLIMITED if cpu is None else cpu - cpu_used,
-        UNLIMITED if ram is None else ram - ram_used,
-        node.model,
+    return canon(
+        (
+            free,
+            UNLIMITED if cpu is None else cpu - cpu_used,
+            UNLIMITED if ram is None else ram - ram_used,
+            node.model,
+        )
     )
 
 

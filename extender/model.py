@@ -35,6 +35,23 @@ from gpu_scheduler.timestamps import rfc3339_seconds
 PLACEMENTS = ("binpack", "spread")
 
 _intern = sys.intern
+
+#: Values many nodes share (a zone's topology domains, an instance type's CPU and
+#: memory, an idle node's free state), kept once: at 5,000 nodes each copy is
+#: 30-100 bytes a node (docs/BENCHMARKS.md, "Cache footprint"). Bounded: past this
+#: many distinct values a new one is kept as it is.
+CANON_LIMIT = 1 << 14
+_CANON: dict[Any, Any] = {}
+
+
+def canon(value: Any) -> Any:
+    """The one kept instance equal to ``value`` (hashable, immutable), or ``value``."""
+    kept = _CANON.get(value)
+    if kept is not None:
+        return kept
+    if len(_CANON) < CANON_LIMIT:
+        _CANON[value] = value
+    return value
 #: Longest Node name (a DNS subdomain) and namespace/name of a pod we keep.
 MAX_NAME = 253
 #: More GPUs than any node has; bigger counts are clamped so arithmetic stays small.
@@ -212,14 +229,14 @@ def _node_facts(
         name,
         min(allocatable, MAX_GPUS),
         labelled_gpu=present == "true" or contract.LABEL_GPU_COUNT in labels,
-        memory_mib=memory // replicas if memory is not None else None,
+        memory_mib=canon(memory // replicas) if memory is not None else None,
         product=product,
         capacity_type=contract.capacity_type(labels),
         zone=_opt_intern(label(contract.LABEL_ZONE)),
-        domains=tuple((key, _intern(value)) for key in levels if (value := label(key))),
+        domains=canon(tuple((key, _intern(value)) for key in levels if (value := label(key)))),
         replicas=replicas,
-        cpu_milli=_milli(allocatable_map.get("cpu")),
-        ram_mib=_mib(allocatable_map.get("memory")),
+        cpu_milli=canon(_milli(allocatable_map.get("cpu"))),
+        ram_mib=canon(_mib(allocatable_map.get("memory"))),
         health=health,
         soft_taints=node_soft_taints(node.get("spec")),
         shared=_shared_node(labels, annotations, allocatable_map),

@@ -17,6 +17,7 @@ from extender.columns import (
     free_state,
 )
 from extender.model import NodeFacts
+from tests.factories import make_node
 
 
 def facts(name, gpus=8, product="H100", spot=False, zone="z1", error=None):
@@ -93,3 +94,26 @@ def test_candidates_from_facts_are_the_same_rows():
     assert got.cols[MODEL].tolist()[1] == 0 and got.cols[ZONE].tolist()[1] == 0
     assert np.isnan(got.beats).all()
     assert got.facts(1).name == "b" and got.at(1) is None
+
+
+def test_values_many_nodes_share_are_kept_once():
+    """A zone's topology domains, an instance type's CPU and memory and an idle node's
+    free state are one object across nodes (the cache's bytes a node), and the canon
+    stops keeping new values at its limit."""
+    from extender import model
+    from extender.columns import free_state
+    from extender.model import node_facts
+
+    a, b = (node_facts(make_node(n, 8, zone="z1", cpu="192", memory="2Ti")) for n in ("a", "b"))
+    assert a.domains is b.domains and a.cpu_milli is b.cpu_milli and a.ram_mib is b.ram_mib
+    assert free_state(a, 0, 0, 0) is free_state(b, 0, 0, 0)
+    assert free_state(a, 1, 0, 0) == (7, a.cpu_milli, a.ram_mib, a.model)
+    saved = dict(model._CANON)
+    try:
+        model._CANON.clear()
+        model._CANON.update({i: i for i in range(model.CANON_LIMIT)})
+        fresh = (1 << 50) + 3
+        assert model.canon(fresh) == fresh and fresh not in model._CANON
+    finally:
+        model._CANON.clear()
+        model._CANON.update(saved)
