@@ -432,12 +432,13 @@ def create_app(
         lambda: endpoints.serve("prioritize", decider.prioritize),
         methods=["POST"],
     )
+    recent = preemption.Recent()
     app.add_url_rule(
         "/preempt",
         "preempt",
         lambda: endpoints.serve(
             "preempt",
-            lambda call: preemption.answer(call, cache, decider.policies),
+            lambda call: preemption.answer(call, cache, decider.policies, recent),
             lambda payload: preemption.parse_call(payload, decider.pod, cache),
         ),
         methods=["POST"],

@@ -34,6 +34,14 @@ view where the node's pods are the ones left):
   kube-scheduler then picks among them by its own order (fewest PodDisruptionBudget
   violations, lowest victim priorities, fewest victims).
 
+**Once per preemption.** kube-scheduler preempts asynchronously and tries the pod
+again at once; its view may still count a victim that is gone, and it then proposes
+another on the same node: evicted for nothing. So for :data:`RECENT` seconds after
+the extender agreed to victims for a pod it agrees to none for it (each replica
+remembers its own answers), and it agrees to none where the pod already fits its
+nominated node by the filter's count and kube-scheduler proposes only GPU pods there
+(its view is behind; the pod is placed there at its next attempt).
+
 The PodDisruptionBudget violations the answer reports are kube-scheduler's count for
 its victims: the extender does not read budgets, so a victim it adds is not counted
 against one (it adds only pods of lower priority than the preemptor, as
@@ -42,6 +50,8 @@ kube-scheduler would).
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,7 +64,7 @@ from extender.endpoints import Call
 from extender.engine import candidates_of, filter_nodes
 from extender.model import NodeFacts, PodFacts
 from extender.policies import Policy
-from extender.records import PodRecord
+from extender.records import PodRecord, object_key
 from extender.view import View, args_view
 from gpu_scheduler import contract, podspec
 from gpu_scheduler.sharing import BoundPod, usage
@@ -64,6 +74,8 @@ from gpu_scheduler.taints import intolerable
 SCARCE = 0.5
 #: At most this many pods are added to one node's victims.
 MAX_ADDED = 64
+#: Seconds after agreeing to victims for a pod during which it gets no more.
+RECENT = 5.0
 
 
 @dataclass(frozen=True)
@@ -93,13 +105,18 @@ def decide(
     pods_on: Mapping[str, Sequence[tuple[str, PodRecord]]],
     gangs: Mapping[str, frozenset[str]],
     policies: Sequence[Policy],
+    nominated: str | None = None,
 ) -> Outcome:
     """The victims the extender agrees to on each node kube-scheduler proposed.
 
     ``pods_on``: each proposed node's GPU pods the cache counts there, (uid, record);
     ``gangs``: every gang of those pods -> the UIDs of all its members the cache
-    counts, wherever they run. Pure."""
+    counts, wherever they run; ``nominated``: the node the pod is nominated for. Pure."""
     out = Outcome()
+    behind = _behind(pod, proposed, view, pods_on, policies, nominated)
+    if behind is not None:
+        out.dropped = dict.fromkeys(proposed, behind)
+        return out
     for name, victims in proposed.items():
         facts = view.nodes.get(name)
         if facts is None:
@@ -135,6 +152,33 @@ def decide(
         out.kept[name] = Victims(tuple(chosen), victims.pdb_violations)
     _prefer(pod, out, view)
     return out
+
+
+def _behind(
+    pod: PodFacts,
+    proposed: Mapping[str, Victims],
+    view: View,
+    pods_on: Mapping[str, Sequence[tuple[str, PodRecord]]],
+    policies: Sequence[Policy],
+    nominated: str | None,
+) -> str | None:
+    """Why kube-scheduler's view is behind its last preemption for this pod: the pod
+    fits its nominated node with no victims by the filter's count, and the victims
+    proposed there are GPU pods the cache counts (so GPUs are what kube-scheduler
+    thinks are missing); None otherwise."""
+    victims = proposed.get(nominated) if nominated else None
+    facts = view.nodes.get(nominated) if nominated else None
+    if victims is None or facts is None or facts.dra or not victims.uids:
+        return None
+    records = dict(pods_on.get(facts.name, ()))
+    if not all(uid in records for uid in victims.uids):
+        return None
+    if _fit(pod, facts, records, (), view, policies) is not None:
+        return None
+    return (
+        f"the pod fits its nominated node {facts.name} with no victims by the extender's "
+        "count: kube-scheduler's view is behind its last preemption"
+    )
 
 
 def _fit(
@@ -263,6 +307,29 @@ class PreemptCall(Call):
     proposed: dict[str, Victims]
 
 
+class Recent:
+    """The pods this replica agreed to victims for, until :data:`RECENT` passes."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._until: dict[str, float] = {}
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    def held(self, uid: str | None) -> float | None:
+        """Seconds since victims were agreed for ``uid``, if that was recent."""
+        now = self._clock()
+        with self._lock:
+            for key in [k for k, until in self._until.items() if until <= now]:
+                del self._until[key]
+            until = self._until.get(uid) if uid else None
+        return None if until is None else RECENT - (until - now)
+
+    def note(self, uid: str | None) -> None:
+        if uid:
+            with self._lock:
+                self._until[uid] = self._clock() + RECENT
+
+
 def parse_call(payload: Any, pod_facts: Callable[[Any], PodFacts], cache: Any) -> PreemptCall:
     pod, nodes = wire.parse_preemption(payload)
     view = cache.view if cache is not None else args_view()
@@ -274,20 +341,34 @@ def parse_call(payload: Any, pod_facts: Callable[[Any], PodFacts], cache: Any) -
 
 
 def answer(
-    call: PreemptCall, cache: Any, policies: Sequence[Policy]
+    call: PreemptCall, cache: Any, policies: Sequence[Policy], recent: Recent
 ) -> tuple[bytes, dict[str, Any], None]:
     """The preempt verb's answer and its log details. In args mode the extender sees
     no pods: kube-scheduler's proposal goes back as it came."""
+    uid = object_key(call.args.pod)
+    held = recent.held(uid)
     if cache is None:
         kept = call.proposed
         details: dict[str, Any] = {"kept": len(kept), "args_mode": True}
     elif call.pod.error is not None:
         kept = {}
         details = {"kept": 0, "dropped": len(call.proposed), "why": call.pod.error}
+    elif held is not None:
+        kept = {}
+        details = {"kept": 0, "dropped": len(call.proposed), "why": (
+            f"victims were agreed for this pod {held:.1f}s ago: waiting for them to go"
+        )}  # fmt: skip
+        metrics.PREEMPTION_NODES.labels("dropped").inc(len(call.proposed))
     else:
-        on, gangs = cache.preemption_pods(call.proposed)
-        outcome = decide(call.pod, call.priority, call.proposed, call.view, on, gangs, policies)
+        nominated = wire.nominated_node(call.args.pod)
+        names = [*call.proposed, *([nominated] if nominated else [])]
+        on, gangs = cache.preemption_pods(names)
+        outcome = decide(
+            call.pod, call.priority, call.proposed, call.view, on, gangs, policies, nominated
+        )
         kept = outcome.kept
+        if kept:
+            recent.note(uid)
         details = {"kept": len(kept), "dropped": len(outcome.dropped)}
         if outcome.added:
             details["added"] = outcome.added

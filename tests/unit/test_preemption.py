@@ -5,6 +5,7 @@ with the least to avoid. Through the app, over the wire format kube-scheduler us
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -25,8 +26,12 @@ def low(name, gpus, node, priority=0, **kw):
     return pod
 
 
+NAMES = itertools.count()
+
+
 def preemptor(gpus=4, priority=1000, **kw):
-    pod = make_pod("infer", gpus, **kw)
+    """A new preemptor each call (the extender agrees to victims once per pod a while)."""
+    pod = make_pod(f"infer-{next(NAMES)}", gpus, **kw)
     pod["spec"]["priority"] = priority
     return pod
 
@@ -214,3 +219,41 @@ def test_a_node_the_cache_does_not_know_is_dropped_and_a_malformed_pod_gets_none
     bad = preemptor(8)
     bad["metadata"]["annotations"][contract.ANN_PLACEMENT] = "sideways"
     assert ask(client, bad, {"n": (["t0"], 0)}) == {}
+
+
+def test_a_pod_gets_victims_once_until_they_had_time_to_go(make_client):
+    """kube-scheduler preempts asynchronously and tries the pod again at once, its view
+    still counting a victim that is gone: it proposes another. The extender agrees to
+    none for that pod for a few seconds."""
+    client = make_client([make_node("n", 8, **H100)], [low(f"t{i}", 2, "n") for i in range(4)])
+    pod = preemptor(4)
+    assert ask(client, pod, {"n": (["t0", "t1"], 0)}) == {"n": (sorted(map(uid, ["t0", "t1"])), 0)}
+    assert ask(client, pod, {"n": (["t2"], 0)}) == {}
+    assert ask(client, preemptor(4), {"n": (["t2", "t3"], 0)})  # another pod is not held
+
+
+def test_recent_answers_are_forgotten_after_a_while():
+    from extender.preemption import RECENT, Recent
+
+    now = [0.0]
+    recent = Recent(clock=lambda: now[0])
+    assert recent.held("u") is None
+    recent.note("u")
+    now[0] += 1.0
+    assert recent.held("u") == pytest.approx(1.0)
+    now[0] += RECENT
+    assert recent.held("u") is None
+
+
+def test_a_pod_that_fits_its_nominated_node_by_our_count_gets_no_victims(make_client):
+    """The victims of its last preemption are gone from the extender's view, not yet
+    from kube-scheduler's, which proposes a live pod on the same node."""
+    client = make_client([make_node("n", 8, **H100)], [low(f"t{i}", 2, "n") for i in range(2)])
+    pod = preemptor(4)
+    pod["status"]["nominatedNodeName"] = "n"
+    assert ask(client, pod, {"n": (["t0"], 0)}) == {}
+    # where it does not fit by our count either, the victims are needed
+    full = make_client([make_node("n", 8, **H100)], [low(f"t{i}", 2, "n") for i in range(4)])
+    other = preemptor(4)
+    other["status"]["nominatedNodeName"] = "n"
+    assert ask(full, other, {"n": (["t0", "t1"], 0)}) == {"n": (sorted(map(uid, ["t0", "t1"])), 0)}
