@@ -41,10 +41,7 @@ from extender.policies.group import group_state
 from extender.prepared import PreparedAnswers
 from extender.records import object_key
 from extender.view import args_view
-from gpu_scheduler.http import (
-    BadInput,
-    install_ops_endpoints,
-)
+from gpu_scheduler.http import BadInput, install_ops_endpoints
 
 log = logging.getLogger("extender")
 
@@ -180,6 +177,8 @@ class Decider:
             self.cache.assume(req.args.pod, passed[at])
         if uid is not None and not explain:
             details["explained"] = False
+        elif uid is not None and self.explainer is not None:
+            self.explainer.expect(uid)  # its binding may be seen before `then` runs
 
         def then(_: float) -> bool:
             explainer = self.explainer
@@ -340,6 +339,8 @@ class Decider:
         }
         if uid is not None and not explain:
             details["explained"] = False
+        elif uid is not None and self.explainer is not None:
+            self.explainer.expect(uid)  # its binding may be seen before `then` runs
         return body, details, chosen
 
     def _group_note(self, req: Call) -> Callable[[int], str | None] | None:

@@ -424,7 +424,7 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PodAccounting):
             self._changed()
         metrics.child(metrics.CACHE_OBJECTS, "pods").set(len(self._pods))
         first = old is None or assumed
-        if first and new is not None and new[1].gpus and self.on_bound is not None:
+        if first and new is not None and (new[1].gpus or new[1].shares) and self.on_bound:
             self.on_bound(new[0], new[1].node)
 
     # --- list+watch ---------------------------------------------------------------

@@ -298,6 +298,9 @@ class Explainer:
     ) -> None:
         self._post = post
         self._decisions: OrderedDict[str, tuple[float, Decision]] = OrderedDict()
+        #: Pods whose decision is remembered after their answer went out (a filter
+        #: that picks): the node the watch saw them bound to first, if it was quicker.
+        self._expected: OrderedDict[str, tuple[float, str | None]] = OrderedDict()
         self._lock = threading.Lock()
         self._capacity, self._ttl = capacity, ttl
         self._bucket = TokenBucket(rate, burst, clock)
@@ -326,24 +329,45 @@ class Explainer:
         Event is counted dropped, as the writer would have counted it."""
         self._count("dropped")
 
+    def expect(self, uid: str) -> None:
+        """Pod ``uid``'s decision will be remembered after its answer is on the wire:
+        kube-scheduler may bind it, and the watch deliver that, first. Call before
+        the answer goes out."""
+        with self._lock:
+            self._expected[uid] = (self._clock(), None)
+            self._expected.move_to_end(uid)
+            while len(self._expected) > self._capacity:
+                self._expected.popitem(last=False)
+
     def remember(self, d: Decision) -> None:
         if not d.uid or not d.top:
             return
         now = self._clock()
         with self._lock:
-            self._decisions[d.uid] = (now, d)
-            self._decisions.move_to_end(d.uid)
-            while len(self._decisions) > self._capacity:
-                self._decisions.popitem(last=False)
+            early = self._expected.pop(d.uid, None)
+            if early is None or early[1] is None:  # not bound yet (the usual order)
+                self._decisions[d.uid] = (now, d)
+                self._decisions.move_to_end(d.uid)
+                while len(self._decisions) > self._capacity:
+                    self._decisions.popitem(last=False)
+                return
+        self._enqueue(d, early[1])  # the watch saw it bound before this
 
     def bound(self, uid: str, node: str) -> None:
-        """The watch saw pod ``uid`` bound to ``node``: queue its Event, if we scored it."""
+        """The watch saw pod ``uid`` bound to ``node``: queue its Event, if we scored it
+        (or keep the node for its decision, where that is still to come)."""
         with self._lock:
             entry = self._decisions.pop(uid, None)
-        if entry is None or self._clock() - entry[0] > self._ttl:
-            return
+            if entry is None:
+                if uid in self._expected:
+                    self._expected[uid] = (self._expected[uid][0], node)
+                return
+        if self._clock() - entry[0] <= self._ttl:
+            self._enqueue(entry[1], node)
+
+    def _enqueue(self, d: Decision, node: str) -> None:
         try:
-            self._queue.put_nowait((entry[1], node))
+            self._queue.put_nowait((d, node))
         except queue.Full:
             self._count("dropped")
 

@@ -52,6 +52,8 @@ def canon(value: Any) -> Any:
     if len(_CANON) < CANON_LIMIT:
         _CANON[value] = value
     return value
+
+
 #: Longest Node name (a DNS subdomain) and namespace/name of a pod we keep.
 MAX_NAME = 253
 #: More GPUs than any node has; bigger counts are clamped so arithmetic stays small.

@@ -96,3 +96,30 @@ def webhook_server(
 ) -> WebhookServer:
     """One webhook over TLS for a test module (2 workers, default config)."""
     return webhook_server_factory(certs_dir)
+
+
+# --- extender caches --------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True, scope="module")
+def reflectors_stop_with_their_module() -> Iterator[None]:
+    """Every reflector a module's tests start (a cache over the fake API) is stopped
+    when the module ends: left running, each would wake at its silence bound for the
+    rest of the session, list again and log that the API server went silent."""
+    from extender.reflector import Reflector
+    from tests.fakeapi import FakeListWatch
+
+    started: list[Reflector] = []
+    start = Reflector.start
+
+    def recorded(self: Reflector):
+        started.append(self)
+        return start(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Reflector, "start", recorded)
+        yield
+    for reflector in started:
+        reflector.stop.set()
+        if isinstance(reflector.list_func, FakeListWatch):
+            reflector.list_func.end_watch()

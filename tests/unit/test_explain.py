@@ -113,6 +113,25 @@ def test_only_scored_pods_get_an_event_and_two_replicas_write_one():
     assert one.written == 1
 
 
+def test_a_binding_seen_before_its_decision_is_remembered_still_gets_its_event():
+    """A filter that picks remembers its decision after the answer is on the wire;
+    kube-scheduler may bind the pod, and the watch say so, before that."""
+    api = Api()
+    explainer = Explainer(api.create)
+    explainer.expect("uid-1")
+    explainer.bound("uid-1", "b")  # the watch was quicker
+    explainer.bound("not-expected", "b")  # never scored: nothing kept
+    explainer.remember(sample())
+    explainer.drain()
+    assert list(api.events) == [event_name("train-0", "uid-1")]
+    assert api.events[event_name("train-0", "uid-1")]["message"].startswith("2 GPUs on b")
+    explainer.expect("uid-2")  # the usual order: remembered, then bound
+    explainer.remember(sample("uid-2"))
+    explainer.bound("uid-2", "a")
+    explainer.drain()
+    assert explainer.written == 2
+
+
 def test_decisions_expire_and_are_bounded():
     now = [0.0]
     api = Api()

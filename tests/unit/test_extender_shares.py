@@ -349,3 +349,16 @@ def test_a_whole_gpu_pod_leaves_the_large_gpus_to_the_shares(with_shares):
         assert (scores[0] > scores[1]) if with_shares else (scores[0] == scores[1]), scores
     finally:
         cache.stop()
+
+
+def test_a_share_pods_binding_reaches_the_explainer_as_a_whole_gpu_pods_does():
+    from extender.cache import ClusterCache
+
+    seen: list[tuple[str, str]] = []
+    cache = ClusterCache(on_bound=lambda uid, node: seen.append((uid, node)))
+    cache.replace_nodes([shared_node("s3")])
+    cache.replace_pods([])
+    cache.pod_event("ADDED", share_pod("pending", 20))  # not bound: nothing
+    cache.pod_event("MODIFIED", share_pod("pending", 20, node="s3"))
+    cache.pod_event("ADDED", make_pod("cpu-only", 0, node="s3"))  # no GPU: nothing
+    assert [node for _, node in seen] == ["s3"]
