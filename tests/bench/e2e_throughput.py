@@ -21,7 +21,9 @@ round runs the variants in turn, their order turned by one from the round before
   - ours-prio:  deploy/'s profile with only the prioritize verb;
   - ours-base:  with ``--base-tree DIR`` (a checkout of another commit, e.g. ``git
     worktree add /tmp/base HEAD~3``), deploy/'s profile with the extender of that
-    tree, started beside ours: before and after in one run, round by round.
+    tree, started beside ours: before and after in one run, round by round;
+    ``--base-tree NAME=DIR`` (repeatable) names the variant ``ours-NAME``: several
+    checkouts at once (an A/B of each of several mechanisms).
 kube-scheduler's client rate limit (``clientConnection.qps``/``burst``, 50/100 by
 default) caps a scheduler at about 50 bindings a second whatever the extender does, so
 it is raised to ``--qps`` in every variant (``--qps 0`` keeps deploy/'s: 300/600).
@@ -285,17 +287,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--base-tree",
-        type=Path,
-        help="a checkout of another commit: its extender serves the ours-base variant",
+        action="append",
+        default=[],
+        help="a checkout of another commit (DIR: variant ours-base; NAME=DIR: ours-NAME); "
+        "repeatable",
     )
     opts = parser.parse_args(argv)
     variants = [v for v in opts.variants.split(",") if v]
-    if opts.base_tree is not None and "ours-base" not in variants:
-        variants.append("ours-base")
-    unknown = set(variants) - set(VARIANTS)
+    bases = base_trees(opts.base_tree)
+    variants += [v for v in bases if v not in variants]
+    unknown = set(variants) - set(VARIANTS) - set(bases)
     if unknown:
         parser.error(f"unknown variants: {sorted(unknown)}")
-    if "ours-base" in variants and opts.base_tree is None:
+    if "ours-base" in variants and "ours-base" not in bases:
         parser.error("ours-base needs --base-tree")
 
     plane, extenders = _cpus(opts.split_cpus)
@@ -321,11 +325,9 @@ def main(argv: list[str] | None = None) -> int:
             others.enter_context(
                 running(bare_cmd, work / "bare.log", env={"PYTHONPATH": str(ROOT)})
             )
-            if opts.base_tree is not None:
-                urls["ours-base"], *base = others.enter_context(
-                    base_extender(stack, opts.base_tree)
-                )
-                served["ours-base"] = (base[0], base[1])
+            for variant, tree in bases.items():
+                urls[variant], *base = others.enter_context(base_extender(stack, tree, variant))
+                served[variant] = (base[0], base[1])
             os.sched_setaffinity(0, plane)  # the kube-schedulers, one a round
             wait_answering(f"http://127.0.0.1:{bare_port}/", 30)
             for round_, variant in (
@@ -382,8 +384,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def base_trees(specs: list[str]) -> dict[str, Path]:
+    """``--base-tree`` values as {variant: checkout}: DIR is ``ours-base``, NAME=DIR
+    is ``ours-NAME``."""
+    out = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        out[f"ours-{name}" if sep else "ours-base"] = Path(path if sep else spec)
+    return out
+
+
 @contextlib.contextmanager
-def base_extender(stack: Any, tree: Path) -> Iterator[tuple[str, int, Path]]:
+def base_extender(
+    stack: Any, tree: Path, variant: str = "ours-base"
+) -> Iterator[tuple[str, int, Path]]:
     """The extender of another checkout (``tree``), started as the stack starts ours
     (cluster mode, the same API server and heartbeat namespace) but from that tree,
     and marked for the CPU accounting: (its URL, its ops port, its log)."""
@@ -393,7 +407,7 @@ def base_extender(stack: Any, tree: Path) -> Iterator[tuple[str, int, Path]]:
     port, ops = free_port(), free_port()
     cli = [sys.executable, "-X", proc_cpu.BASE_MARK, "-m", "gpu_scheduler.cli"]
     proc = stack.spawn_extender(
-        "extender-base", port, extra=[f"--ops-port={ops}"], ops_port=ops, cli=cli, tree=tree
+        f"extender-{variant}", port, extra=[f"--ops-port={ops}"], ops_port=ops, cli=cli, tree=tree
     )
     try:
         yield f"http://127.0.0.1:{port}", ops, proc.log_path

@@ -3,6 +3,8 @@ where it says (the extender, its verbs, the client rate limit)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.bench.e2e_throughput import binding_times, variant_config
 
 OURS, BARE, BASE = "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"
@@ -112,3 +114,13 @@ def test_each_round_turns_the_variants_order_so_none_always_runs_first():
     assert [o[0] for o in orders[:3]] == variants  # each is first once in three rounds
     assert all(sorted(o) == sorted(variants) for o in orders)
     assert round_order([], 2) == []
+
+
+def test_base_trees_name_their_variants():
+    from tests.bench.e2e_throughput import base_trees
+
+    assert base_trees(["/tmp/a", "noprep=/tmp/b", "x=/tmp/c=d"]) == {
+        "ours-base": Path("/tmp/a"),
+        "ours-noprep": Path("/tmp/b"),
+        "ours-x": Path("/tmp/c=d"),
+    }
