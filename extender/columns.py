@@ -11,8 +11,8 @@ memory), updated where the node or its pods change. A view holds a copy
 (:class:`Candidates`). Args mode, and tests, build the same rows from the facts.
 
 The rows hold codes, not strings: a GPU model or zone is a small integer whose string
-is in the table's ``models``/``zones`` (0 stands for none). The per-node ``filter``
-methods of the policies, which word the reasons, still read :class:`NodeFacts`.
+is in the table's ``models``/``zones`` (0 stands for none). The policies' ``word``
+methods, which put a refusal the rows decided into words, read :class:`NodeFacts`.
 """
 
 from __future__ import annotations
@@ -63,10 +63,11 @@ def free_state(
 #: labelled as a GPU node (1/0), spot capacity (1/0), zone code, PreferNoSchedule
 #: taints (1/0; which ones: ``NodeFacts.soft_taints``), the largest share one GPU
 #: can still take (units of gpu-memory; -1: not a sharing node), the units free for
-#: shares on all its GPUs.
+#: shares on all its GPUs, the GPUs it can give (``NodeFacts.usable``: allocatable
+#: less the sick ones).
 OK, ALLOC, FREE, CPU, RAM, MODEL, MEMORY, LABELLED, SPOT, ZONE, SOFT = range(11)
-LARGEST, SHARE_FREE = 11, 12
-WIDTH = 13
+LARGEST, SHARE_FREE, USABLE = 11, 12, 13
+WIDTH = 14
 #: Every value is kept inside this (the facts are clamped far below it already), so
 #: the arithmetic a policy does on a row (free - request) cannot overflow int64.
 LIMIT = 1 << 61
@@ -140,6 +141,7 @@ def row(
         1 if facts.soft_taints else 0,
         largest,
         sum(g.free for g in shared) if shared is not None else 0,
+        bound(facts.usable),
     ]
 
 

@@ -60,19 +60,19 @@ def filter_nodes(
         state = policy.pre_filter(pod, view)
         if state is None:
             continue
-        positions = policy.suspects(state, batch, view)
-        if positions is None:
-            positions = range(batch.known)
-        check = policy.filter
-        for j in map(int, positions):
+        codes = policy.refuse(state, batch, view)
+        if codes is None:
+            continue
+        for j in np.flatnonzero(codes).tolist():
             before = verdicts.get(j)
             if before is not None and before.unresolvable:
                 continue  # the strongest verdict is in
-            failure = check(state, batch.facts(j), view)
+            code = int(codes[j])
             # First failure wins, except that an unresolvable one overrides a
             # resolvable one: preemption or waiting cannot help that node.
-            if failure is not None and (before is None or failure.unresolvable):
-                verdicts[j] = failure
+            if before is None or code in policy.unresolvable:
+                reason = policy.word(state, code, batch.facts(j), view)
+                verdicts[j] = Failure(reason, code in policy.unresolvable)
     passed, failed, unresolvable = out.passed, out.failed, out.unresolvable
     if not verdicts and batch.where is None:  # usual: every node passes
         passed.extend(names)

@@ -5,10 +5,11 @@ PreScore/Score.
 per-node step reads, or ``None`` when the policy has nothing to say about this pod
 (the framework's Skip), so the per-node loop never calls it.
 
-``filter`` decides one node and words the reason: ``None`` or a :class:`Failure`.
-``suspects`` is its fast companion over all candidates at once: the positions of the
-nodes that *may* fail, a superset the engine then asks ``filter`` about; None (the
-default) asks about every node. ``score_all`` scores all candidates at once
+``refuse`` is the filter rule, written once, over all candidates at once: a code
+per candidate, 0 where it passes and otherwise which of the policy's reasons refused
+it (the first that holds). Whether a refusal is resolvable is the code's
+(``unresolvable``); ``word`` only puts a refusal into words, reading the node's own
+values for the text, and decides nothing. ``score_all`` scores all candidates at once
 (any floats, higher is better); the engine normalises each policy's scores to 0..10
 over the candidates before weighting them. The batch forms read the candidates as
 columns (:class:`~extender.columns.Candidates`, numpy arrays over the known
@@ -45,8 +46,8 @@ ClusterView = View
 class Policy:
     """The base of every policy: each extension point defaults to "nothing to say".
 
-    A policy overrides what it does: ``pre_filter`` + ``filter`` (and optionally
-    ``suspects``) to filter, ``pre_score`` + ``score_all`` to score. ``absolute``
+    A policy overrides what it does: ``pre_filter`` + ``refuse`` + ``word`` (and
+    ``unresolvable``) to filter, ``pre_score`` + ``score_all`` to score. ``absolute``
     True: its scores are already 0..1 on a fixed scale, not stretched min-max.
     Its default weight and name are registered in :data:`extender.policies.REGISTRY`.
     """
@@ -57,15 +58,17 @@ class Policy:
     def pre_filter(self, pod: PodFacts, view: ClusterView) -> Any | None:
         return None
 
-    def filter(self, state: Any, node: NodeFacts, view: ClusterView) -> Failure | None:
+    #: The refusal codes no change in the cluster's load heals: those nodes go to
+    #: FailedAndUnresolvableNodes (preemption is not tried there), the rest to FailedNodes.
+    unresolvable: ClassVar[frozenset[int]] = frozenset()
+
+    def refuse(self, state: Any, nodes: Candidates, view: ClusterView) -> np.ndarray | None:
+        """A refusal code per known candidate (0: it passes), or None: none refused."""
         return None
 
-    def suspects(
-        self, state: Any, nodes: Candidates, view: ClusterView
-    ) -> Sequence[int] | np.ndarray | None:
-        """The positions of the nodes that may fail (a superset), or None: ask
-        ``filter`` about every node."""
-        return None
+    def word(self, state: Any, code: int, node: NodeFacts, view: ClusterView) -> str:
+        """Refusal ``code`` (from :meth:`refuse`) on ``node``, in words."""
+        raise NotImplementedError(f"{self.name} refused a node and has no words for it")
 
     def pre_score(self, pod: PodFacts, view: ClusterView) -> Any | None:
         return None

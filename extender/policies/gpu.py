@@ -7,21 +7,21 @@ from typing import ClassVar
 
 import numpy as np
 
-from extender.columns import ALLOC, FREE, LABELLED, LARGEST, MEMORY, MODEL, Candidates
+from extender.columns import ALLOC, FREE, LABELLED, LARGEST, MEMORY, MODEL, USABLE, Candidates
 from extender.model import NodeFacts, PodFacts
-from extender.policies.base import ClusterView, Failure, Policy
+from extender.policies.base import ClusterView, Policy
 from extender.share_columns import gpu_matrix, place
 from gpu_scheduler import contract, sharing
 
-NO_GPUS = Failure(f"node has no GPUs (no allocatable {contract.RESOURCE_GPU})", True)
-NOT_SHARED = Failure(
-    f"node does not share its GPUs (no {contract.LABEL_GPU_SHARING} label, no allocatable "
-    f"{contract.RESOURCE_GPU_MEMORY})",
-    True,
-)
-NOT_ADVERTISED = Failure(
-    f"node is labelled with GPUs but advertises no allocatable {contract.RESOURCE_GPU} yet",
-    False,
+#: Why a node fails the gpu rule: the codes :meth:`GpuPolicy.refuse` gives, in the
+#: order the rule tries them (the first that holds is the node's).
+(
+    NO_GPUS, NOT_ADVERTISED, NOT_SHARED, PRODUCT, NO_MEMORY_LABEL, LOW_MEMORY,
+    TOO_FEW, UNHEALTHY, BUSY, SHARE_TOO_BIG, SHARE_NO_ROOM,
+) = range(1, 12)  # fmt: skip
+#: The codes no change in the cluster's load heals (FailedAndUnresolvableNodes).
+UNRESOLVABLE = frozenset(
+    {NO_GPUS, NOT_SHARED, PRODUCT, NO_MEMORY_LABEL, LOW_MEMORY, TOO_FEW, UNHEALTHY, SHARE_TOO_BIG}
 )
 
 
@@ -36,6 +36,7 @@ class _State:
 
 class GpuPolicy(Policy):
     name: ClassVar[str] = "gpu"
+    unresolvable: ClassVar[frozenset[int]] = UNRESOLVABLE
 
     def pre_filter(self, pod: PodFacts, view: ClusterView) -> _State | None:
         if pod.gpus == 0 and not pod.shares:
@@ -57,68 +58,64 @@ class GpuPolicy(Policy):
         shares = pod.shares if shares is None else shares
         return _State(pod.gpus, pod.min_memory_mib, pod.products, spread, shares)
 
-    def filter(self, state: _State, node: NodeFacts, view: ClusterView) -> Failure | None:
+    def refuse(self, state: _State, nodes: Candidates, view: ClusterView) -> np.ndarray:
+        """The rule: a code per candidate, 0 where the pod fits."""
+        cols = nodes.cols
         want = state.gpus
         if state.shares:
-            if node.shared is None:
-                return NOT_SHARED
-        elif node.allocatable == 0:
-            return NOT_ADVERTISED if node.labelled_gpu else NO_GPUS
-        if state.products is not None and node.model not in state.products:
-            have = node.product or f"unknown (no {contract.LABEL_GPU_PRODUCT} label)"
-            return Failure(
-                f"GPU product {have} is not one of {contract.ANN_GPU_PRODUCTS}="
-                f"{','.join(sorted(state.products))}",
-                True,
-            )
+            rules = [(cols[LARGEST] < 0, NOT_SHARED)]
+        else:
+            none = cols[ALLOC] == 0
+            rules = [(none & (cols[LABELLED] == 0), NO_GPUS), (none, NOT_ADVERTISED)]
+        if state.products is not None:
+            rules.append((~nodes.models.member(state.products)[cols[MODEL]], PRODUCT))
         if state.min_memory_mib is not None:
-            if node.memory_mib is None:
-                return Failure(
-                    f"node publishes no GPU memory label ({contract.LABEL_GPU_MEMORY}); "
-                    f"{contract.ANN_MIN_GPU_MEMORY} needs it",
-                    True,
-                )
-            if node.memory_mib < state.min_memory_mib:
-                return Failure(
-                    f"GPU memory {node.memory_mib} MiB per GPU is below "
-                    f"{contract.ANN_MIN_GPU_MEMORY}={state.min_memory_mib} MiB",
-                    True,
-                )
+            rules.append((cols[MEMORY] < 0, NO_MEMORY_LABEL))  # -1: no memory label
+            rules.append((cols[MEMORY] < state.min_memory_mib, LOW_MEMORY))
         if state.shares:
-            return _share_failure(state, view.shared_gpus(node), want)
-        if node.allocatable < want:
-            return Failure(f"node has {node.allocatable} GPUs in all; pod requests {want}", True)
+            rules += _share_rules(state, nodes, view)
+        else:
+            rules.append((cols[ALLOC] < want, TOO_FEW))
+            rules.append((cols[USABLE] < want, UNHEALTHY))
+            rules.append((cols[FREE] < want, BUSY))
+        return _first(rules)
+
+    def word(self, state: _State, code: int, node: NodeFacts, view: ClusterView) -> str:
+        want = state.gpus
+        if code in _FIXED:
+            return _FIXED[code]
+        if code == PRODUCT:
+            have = node.product or f"unknown (no {contract.LABEL_GPU_PRODUCT} label)"
+            return (
+                f"GPU product {have} is not one of {contract.ANN_GPU_PRODUCTS}="
+                f"{','.join(sorted(state.products or ()))}"
+            )
+        if code == NO_MEMORY_LABEL:
+            return (
+                f"node publishes no GPU memory label ({contract.LABEL_GPU_MEMORY}); "
+                f"{contract.ANN_MIN_GPU_MEMORY} needs it"
+            )
+        if code == LOW_MEMORY:
+            return (
+                f"GPU memory {node.memory_mib} MiB per GPU is below "
+                f"{contract.ANN_MIN_GPU_MEMORY}={state.min_memory_mib} MiB"
+            )
+        if code == TOO_FEW:
+            return f"node has {node.allocatable} GPUs in all; pod requests {want}"
         usable = node.usable
-        if usable < want:
+        if code == UNHEALTHY:
             # Unresolvable: preemption cannot heal a GPU. The agent's annotation
             # changes when it recovers, and that Node update retries the pod.
-            return Failure(
+            return (
                 f"{usable} of {node.allocatable} GPUs healthy; pod requests {want}; "
-                f"unhealthy: {', '.join(node.unhealthy) or 'unknown'}",
-                True,
+                f"unhealthy: {', '.join(node.unhealthy) or 'unknown'}"
             )
-        free = view.free_gpus(node)
-        if free < want:
+        if code == BUSY:
             sick = f" ({len(node.unhealthy)} unhealthy)" if usable < node.allocatable else ""
-            return Failure(
-                f"{max(free, 0)} of {usable} GPUs free{sick}; pod requests {want}", False
+            return (
+                f"{max(view.free_gpus(node), 0)} of {usable} GPUs free{sick}; pod requests {want}"
             )
-        return None
-
-    def suspects(self, state: _State, nodes: Candidates, view: ClusterView) -> np.ndarray:
-        cols = nodes.cols
-        bad = cols[FREE] < state.gpus
-        if state.shares:
-            bad |= cols[LARGEST] < max(state.shares)
-            if len(state.shares) > 1 or state.gpus:  # the largest piece is not enough
-                free, cap = gpu_matrix(nodes, view)
-                bad |= ~place(free, cap, state.shares, state.gpus)[1]
-        if state.products is not None:
-            bad |= ~nodes.models.member(state.products)[cols[MODEL]]
-        least = state.min_memory_mib
-        if least is not None:
-            bad |= cols[MEMORY] < max(least, 0)  # -1: no memory label
-        return np.flatnonzero(bad)
+        return _share_words(state, code, view.shared_gpus(node), want)
 
     def score_all(self, state: _State, nodes: Candidates, view: ClusterView) -> np.ndarray:
         cols = nodes.cols
@@ -140,34 +137,67 @@ class GpuPolicy(Policy):
         return (want - cols[FREE]).astype(np.float64)
 
 
-def _share_failure(state: _State, gpus: tuple[sharing.Gpu, ...], whole: int) -> Failure | None:
-    """Why the pod's shares (and whole GPUs) fit none of the node's GPUs, or None."""
-    if sharing.fit(gpus, state.shares, whole) is not None:
-        return None
+_FIXED = {
+    NO_GPUS: f"node has no GPUs (no allocatable {contract.RESOURCE_GPU})",
+    NOT_ADVERTISED: (
+        f"node is labelled with GPUs but advertises no allocatable {contract.RESOURCE_GPU} yet"
+    ),
+    NOT_SHARED: (
+        f"node does not share its GPUs (no {contract.LABEL_GPU_SHARING} label, no allocatable "
+        f"{contract.RESOURCE_GPU_MEMORY})"
+    ),
+}
+
+
+def _first(rules: list[tuple[np.ndarray, int]]) -> np.ndarray:
+    """Each candidate's code: that of the first rule that holds for it, else 0 (worked
+    out only where one holds: usually few of the candidates, or none)."""
+    refused = np.flatnonzero(np.logical_or.reduce([where for where, _ in rules]))
+    codes = np.zeros(len(rules[0][0]), dtype=np.int64)
+    if len(refused):
+        codes[refused] = np.select([where[refused] for where, _ in rules], [c for _, c in rules])
+    return codes
+
+
+def _share_rules(
+    state: _State, nodes: Candidates, view: ClusterView
+) -> list[tuple[np.ndarray, int]]:
+    """Where the pod's shares (and whole GPUs) fit no GPUs by the fit rule: no GPU is
+    big enough (unresolvable), or there is no room now."""
     need = max(state.shares)
-    biggest = max((g.capacity for g in gpus), default=0)
-    if biggest < need:
-        return Failure(
+    largest = nodes.cols[LARGEST]
+    short = largest < need  # no GPU has the largest share free
+    if len(state.shares) > 1 or state.gpus:  # the largest piece is not enough
+        free, cap = gpu_matrix(nodes, view)
+        short |= ~place(free, cap, state.shares, state.gpus)[1]
+    too_big = np.zeros(len(short), dtype=bool)
+    for j in np.flatnonzero(short & (largest >= 0)).tolist():  # sharing nodes refused
+        gpus = view.shared_gpus(nodes.facts(j))
+        too_big[j] = max((g.capacity for g in gpus), default=0) < need
+    return [(too_big, SHARE_TOO_BIG), (short, SHARE_NO_ROOM)]
+
+
+def _share_words(state: _State, code: int, gpus: tuple[sharing.Gpu, ...], whole: int) -> str:
+    """Why the pod's shares (and whole GPUs) fit none of the node's GPUs, in words."""
+    need = max(state.shares)
+    if code == SHARE_TOO_BIG:
+        biggest = max((g.capacity for g in gpus), default=0)
+        return (
             f"no GPU here has {need} GiB (the largest has {biggest} GiB); pod asks "
-            f"{contract.RESOURCE_GPU_MEMORY}={need} of one GPU",
-            True,
+            f"{contract.RESOURCE_GPU_MEMORY}={need} of one GPU"
         )
-    if whole and sum(1 for g in gpus if g.whole_free) < whole:
-        free = sum(1 for g in gpus if g.whole_free)
-        return Failure(f"{free} GPUs wholly free (none shared); pod requests {whole}", False)
+    wholly = sum(1 for g in gpus if g.whole_free)
+    if whole and wholly < whole:
+        return f"{wholly} GPUs wholly free (none shared); pod requests {whole}"
     asked = "+".join(map(str, state.shares))
     best = max(gpus, key=lambda g: g.free) if gpus else None
     if best is not None and best.free >= need:  # several shares: no set of GPUs holds them
         pieces = ", ".join(str(g.free) for g in gpus[:16])
-        return Failure(
-            f"the shares {asked} GiB fit no set of its GPUs, one GPU each (free: {pieces} GiB)",
-            False,
-        )
+        return f"the shares {asked} GiB fit no set of its GPUs, one GPU each (free: {pieces} GiB)"
     piece = f"{best.free} GiB on {best.uuid}" if best is not None else "none"
-    return Failure(
+    return (
         f"no single GPU has {need} GiB free: the largest free piece is {piece} "
-        f"({sum(g.free for g in gpus)} GiB free on {len(gpus)} GPUs); pod asks {asked} GiB",
-        False,
+        f"({sum(g.free for g in gpus)} GiB free on {len(gpus)} GPUs); pod asks {asked} GiB"
     )
 
 

@@ -37,7 +37,7 @@ import numpy as np
 from extender import metrics
 from extender.columns import Candidates
 from extender.model import NodeFacts, PodFacts
-from extender.policies.base import ClusterView, Failure, Policy
+from extender.policies.base import ClusterView, Policy
 from gpu_scheduler import contract
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ GUARD_MIN_SILENT = 2
 
 class HeartbeatPolicy(Policy):
     name: ClassVar[str] = "heartbeat"
+    unresolvable: ClassVar[frozenset[int]] = frozenset({1})  # heartbeats are not load
 
     def __init__(self, window_seconds: float) -> None:
         self.window = window_seconds
@@ -71,27 +72,23 @@ class HeartbeatPolicy(Policy):
             self._guard(None, counts)
         return oldest
 
-    def filter(self, oldest: float, node: NodeFacts, view: ClusterView) -> Failure | None:
-        beat = node.heartbeat
-        if beat is None or beat >= oldest:
-            return None
-        age = int(view.now() - beat)
-        return Failure(
+    def refuse(self, oldest: float, nodes: Candidates, view: ClusterView) -> np.ndarray:
+        silent = nodes.beats < oldest  # NaN (no Lease) is never less
+        if not view.knows_usage and silent.any():  # args mode: judge by the candidates
+            counts = (int(np.count_nonzero(silent)), int(np.count_nonzero(~np.isnan(nodes.beats))))
+            if _too_many(*counts):
+                self._guard("many-silent", counts)
+                return np.zeros(len(silent), dtype=np.int64)
+            self._guard(None, counts)
+        return silent.astype(np.int64)  # code 1: silent
+
+    def word(self, oldest: float, code: int, node: NodeFacts, view: ClusterView) -> str:
+        age = int(view.now() - (node.heartbeat or 0.0))
+        return (
             f"gpu-scheduler agent on this node is silent: its heartbeat Lease "
             f"{contract.LEASE_SELECTOR} was last renewed {age}s ago (window "
-            f"{int(self.window)}s)",
-            True,
+            f"{int(self.window)}s)"
         )
-
-    def suspects(self, oldest: float, nodes: Candidates, view: ClusterView) -> np.ndarray:
-        silent = np.flatnonzero(nodes.beats < oldest)  # NaN (no Lease) is never less
-        if len(silent) and not view.knows_usage:  # args mode: judge by the candidates
-            managed = int(np.count_nonzero(~np.isnan(nodes.beats)))
-            if _too_many(len(silent), managed):
-                self._guard("many-silent", (len(silent), managed))
-                return silent[:0]
-            self._guard(None, (len(silent), managed))
-        return silent
 
     def _guard(self, why: str | None, counts: tuple[int, int] | None) -> None:
         if why is not None:

@@ -9,15 +9,17 @@ import numpy as np
 
 from extender.columns import SPOT, Candidates
 from extender.model import NodeFacts, PodFacts
-from extender.policies.base import ClusterView, Failure, Policy
+from extender.policies.base import ClusterView, Policy
 from gpu_scheduler import contract
 
 _LABELS = ", ".join(f"{key}={value}" for key, value in contract.SPOT_LABELS)
-NOT_SPOT = Failure(
-    f"node is not spot capacity (none of {_LABELS}) and the pod has {contract.ANN_SPOT}=require",
-    True,
-)
-IS_SPOT = Failure(f"node is spot capacity and the pod has {contract.ANN_SPOT}=forbid", True)
+NOT_SPOT, IS_SPOT = 1, 2  # the codes of SpotPolicy.refuse
+_WORDS = {
+    NOT_SPOT: (
+        f"node is not spot capacity (none of {_LABELS}) and the pod has {contract.ANN_SPOT}=require"
+    ),
+    IS_SPOT: f"node is spot capacity and the pod has {contract.ANN_SPOT}=forbid",
+}
 
 
 class SpotPolicy(Policy):
@@ -27,6 +29,7 @@ class SpotPolicy(Policy):
     """
 
     name: ClassVar[str] = "spot"
+    unresolvable: ClassVar[frozenset[int]] = frozenset(_WORDS)
 
     def pre_filter(self, pod: PodFacts, view: ClusterView) -> str | None:
         return pod.spot if pod.spot in ("require", "forbid") else None
@@ -34,17 +37,12 @@ class SpotPolicy(Policy):
     def pre_score(self, pod: PodFacts, view: ClusterView) -> str | None:
         return pod.spot if pod.spot in ("prefer", "avoid") else None
 
-    def filter(self, state: str, node: NodeFacts, view: ClusterView) -> Failure | None:
-        spot = node.capacity_type == "spot"
-        if state == "require" and not spot:
-            return NOT_SPOT
-        if state == "forbid" and spot:
-            return IS_SPOT
-        return None
+    def refuse(self, state: str, nodes: Candidates, view: ClusterView) -> np.ndarray:
+        spot = nodes.cols[SPOT] != 0
+        return np.where(spot, IS_SPOT, NOT_SPOT) * (spot == (state == "forbid"))
 
-    def suspects(self, state: str, nodes: Candidates, view: ClusterView) -> np.ndarray:
-        want_spot = 1 if state == "require" else 0
-        return np.flatnonzero(nodes.cols[SPOT] != want_spot)
+    def word(self, state: str, code: int, node: NodeFacts, view: ClusterView) -> str:
+        return _WORDS[code]
 
     def score_all(self, state: str, nodes: Candidates, view: ClusterView) -> np.ndarray:
         good = 1.0 if state == "prefer" else 0.0

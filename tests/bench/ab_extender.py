@@ -3,7 +3,8 @@ what a mechanism costs, measured by removing it in one tree and keeping it in an
 
     git worktree add --detach /tmp/without-x HEAD   # ...and remove x there
     .venv/bin/python tests/bench/ab_extender.py --tree without-x=/tmp/without-x \
-        [--tree NAME=DIR ...] [--calls 300] [--sizes 500,5000] [--nodes 5000]
+        [--tree NAME=DIR ...] [--against NAME] [--calls 300] [--sizes 500,5000] \
+        [--nodes 5000] [--churn 20]
 
 One control plane with ``--nodes`` GPU nodes and bound GPU pods (as
 ``extender_bench.py`` makes them), this checkout's extender (``head``) and one per
@@ -16,7 +17,12 @@ alike), is asked:
 - ``prefer``: filter then prioritize for a pod that prefers spot capacity (the filter
   passes every node; kube-scheduler asks prioritize).
 
-Prints p50/p99 per verb and each tree's p50 over ``head``'s.
+Meanwhile ``--churn`` GPU pods a second are bound (created with their node set) and
+deleted again, 50 alive at a time, as kube-scheduler's bindings and finished pods
+change the cluster: every extender's watches deliver them, its cache and views change
+between calls, and its request threads share the interpreter with its watch threads,
+as in a busy cluster. Prints p50/p99 per verb and each tree's p50 over ``--against``'s
+(``head``: this checkout).
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ import argparse
 import json
 import statistics
 import sys
+import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -50,6 +58,20 @@ def trees(specs: list[str]) -> dict[str, Path]:
             raise SystemExit(f"--tree {spec}: want NAME=DIR, DIR a checkout of this project")
         out[name] = tree
     return out
+
+
+def churn(core, names: list[str], rate: float, stop: threading.Event) -> None:
+    """Bind a 1-GPU pod to one of ``names`` and delete the oldest past 50, ``rate``
+    times a second, until ``stop``."""
+    alive: deque[str] = deque()
+    i = 0
+    while not stop.wait(1.0 / rate):
+        pod = make_pod(f"churn-{i}", 1, node=names[(i * 13) % len(names)])
+        core.create_namespaced_pod("default", {k: v for k, v in pod.items() if k != "status"})
+        alive.append(pod["metadata"]["name"])
+        if len(alive) > 50:
+            core.delete_namespaced_pod(alive.popleft(), "default", grace_period_seconds=0)
+        i += 1
 
 
 def measure(ports: dict[str, int], bodies: dict[str, bytes], calls: int) -> dict:
@@ -78,6 +100,8 @@ def main() -> int:
     parser.add_argument("--sizes", default="500,5000")
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--pods", type=int, default=500)
+    parser.add_argument("--churn", type=float, default=20, help="bindings a second (0: none)")
+    parser.add_argument("--against", default="head", help="the tree the ratios divide by")
     opts = parser.parse_args()
     checkouts = trees(opts.tree)
     sizes = [int(s) for s in opts.sizes.split(",")]
@@ -101,8 +125,14 @@ def main() -> int:
                 f"extender-{name}", ports[name], extra=[f"--ops-port={ops}"], ops_port=ops,
                 tree=tree,
             )  # fmt: skip
+        stop = threading.Event()
+        every = [n["metadata"]["name"] for n in nodes]
+        if opts.churn > 0:
+            threading.Thread(
+                target=churn, args=(core, every, opts.churn, stop), daemon=True
+            ).start()
         for size in sizes:
-            names = [n["metadata"]["name"] for n in nodes[:size]]
+            names = every[:size]
             bodies = {
                 kind: json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
                 for kind, pod in (
@@ -113,18 +143,20 @@ def main() -> int:
             calls = max(30, opts.calls // (10 if size >= 5000 else 1))
             rows.append((size, calls, measure(ports, bodies, calls)))
             print(f"  measured {size} candidates", flush=True)
+        stop.set()
     print("\n| candidates | tree | " + " | ".join(f"{v} p50 / p99 ms" for v in VERBS) + " |")
     print("|---:|---|" + "---:|" * len(VERBS))
     for size, _, result in rows:
         for name, verbs in result.items():
             cells = " | ".join(f"{verbs[v][0]:.2f} / {verbs[v][1]:.2f}" for v in VERBS)
             print(f"| {size} | {name} | {cells} |")
-    print("\n| candidates | tree | " + " | ".join(f"{v} p50 ÷ head" for v in VERBS) + " |")
+    against = opts.against
+    print("\n| candidates | tree | " + " | ".join(f"{v} p50 ÷ {against}" for v in VERBS) + " |")
     print("|---:|---|" + "---:|" * len(VERBS))
     for size, calls, result in rows:
-        head = result["head"]
+        head = result[against]
         for name, verbs in result.items():
-            if name != "head":
+            if name != against:
                 cells = " | ".join(f"{verbs[v][0] / head[v][0]:.2f}" for v in VERBS)
                 print(f"| {size} | {name} | {cells} |")
         print(f"| {size} | ({calls} calls each) |" + " |" * len(VERBS))

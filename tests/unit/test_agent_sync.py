@@ -175,16 +175,17 @@ def test_the_heartbeat_lease_round_trips_through_the_extender() -> None:
     facts.heartbeat = rfc3339_seconds(lease["spec"]["renewTime"])
     assert facts.memory_mib == 81559 and facts.product == "NVIDIA-H100-80GB-HBM3"
 
+    from extender.engine import filter_nodes
     from extender.model import PodFacts
     from extender.view import View
 
     pod = PodFacts("default", "train", gpus=1)
     policy = HeartbeatPolicy(window_seconds=900)
     fresh = View(now=moment.timestamp() + 600)
-    assert policy.filter(policy.pre_filter(pod, fresh), facts, fresh) is None  # type: ignore[arg-type]
+    assert filter_nodes(pod, [facts.name], [facts], fresh, [policy]).passed == [facts.name]
     stale = View(now=moment.timestamp() + 901)
-    failure = policy.filter(policy.pre_filter(pod, stale), facts, stale)  # type: ignore[arg-type]
-    assert failure is not None and "Lease" in failure.reason and "901s ago" in failure.reason
+    failed = filter_nodes(pod, [facts.name], [facts], stale, [policy]).unresolvable
+    assert "Lease" in failed[facts.name] and "901s ago" in failed[facts.name]
 
 
 def test_only_agent_leases_are_heartbeats() -> None:

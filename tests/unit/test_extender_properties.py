@@ -35,11 +35,16 @@ def nodes(draw):
             capacity_type=draw(st.sampled_from([None, "SPOT", "ON_DEMAND"])),
             zone=draw(st.sampled_from([None, "a", "b"])),
         )
-        if gpus and draw(st.booleans()):  # the agent's per-GPU health, some GPUs sick
+        gib = draw(st.sampled_from([None, 16, 40, 80])) if gpus else None
+        if gib:  # a node that shares its GPUs (gpu-memory units: GiB)
+            node["metadata"]["labels"][contract.LABEL_GPU_SHARING] = "mps"
+            node["status"]["allocatable"][contract.RESOURCE_GPU_MEMORY] = str(gpus * gib)
+        if gpus and (gib or draw(st.booleans())):  # the agent's per-GPU report, some sick
             sick = draw(st.lists(st.booleans(), min_size=gpus, max_size=gpus))
             node["metadata"]["annotations"][contract.ANN_GPUS] = json.dumps(
                 [
                     {"uuid": f"GPU-{i}-{g}", "healthy": not bad, "xid": 79}
+                    | ({contract.GPU_MEMORY_MIB: gib * 1024} if gib else {})
                     for g, bad in enumerate(sick)
                 ]
             )
@@ -73,12 +78,27 @@ annotation_values = {
 def pods(draw):
     chosen = draw(st.lists(st.sampled_from(sorted(annotation_values)), unique=True, max_size=5))
     annotations = {key: draw(annotation_values[key]) for key in chosen}
-    return make_pod(
-        "p",
-        draw(st.sampled_from([0, 1, 2, 3, 8, 16])),
-        annotations=annotations,
-        use_limits=draw(st.booleans()),
-    )
+    gpus = draw(st.sampled_from([0, 1, 2, 3, 8, 16]))
+    shares = draw(st.lists(st.sampled_from(SHARES), max_size=2)) if gpus < 2 else []
+    pod = make_pod("p", gpus, annotations=annotations, use_limits=draw(st.booleans()))
+    return with_shares(pod, shares)
+
+
+#: gpu-memory units a container may ask (GiB; nodes' GPUs have 16, 40 or 80)
+SHARES = [1, 10, 20, 40, 80, 100]
+
+
+def with_shares(pod, units):
+    """``pod`` with a container per unit count asking that share of one GPU."""
+    for i, amount in enumerate(units):
+        pod["spec"]["containers"].append(
+            {
+                "name": f"share-{i}",
+                "image": "busybox",
+                "resources": {"limits": {contract.RESOURCE_GPU_MEMORY: str(amount)}},
+            }
+        )
+    return pod
 
 
 @st.composite
@@ -90,15 +110,14 @@ def running_pods(draw, node_names):
         ann = (
             {contract.ANN_GROUP: draw(st.sampled_from(["g1", "g2"]))} if draw(st.booleans()) else {}
         )
-        out.append(
-            make_pod(
-                f"r{i}",
-                draw(st.integers(0, 4)),
-                node=draw(st.sampled_from(node_names)),
-                phase=draw(st.sampled_from(["Pending", "Running", "Succeeded"])),
-                annotations=ann,
-            )
+        pod = make_pod(
+            f"r{i}",
+            draw(st.integers(0, 4)),
+            node=draw(st.sampled_from(node_names)),
+            phase=draw(st.sampled_from(["Pending", "Running", "Succeeded"])),
+            annotations=ann,
         )
+        out.append(with_shares(pod, draw(st.lists(st.sampled_from(SHARES[:4]), max_size=2))))
     return out
 
 
@@ -297,12 +316,14 @@ def test_pod_record_skips_unbound_finished_and_uninteresting_pods():
 
 @SETTINGS
 @given(data=st.data(), nodes=nodes(), pod=pods())
-def test_suspects_cover_every_node_that_filter_fails(data, nodes, pod):
-    """The batch fast path may over-report, never under-report: every node a policy's
-    filter fails is among its suspects, so the engine's answer is filter's answer."""
+def test_each_filter_rule_refuses_as_the_node_by_node_reference_does(data, nodes, pod):
+    """A policy's one rule (``refuse``, over the candidates' rows) refuses exactly the
+    nodes the plain node-by-node reference (tests/reference_rules.py, over NodeFacts)
+    refuses, each with the reference's words and resolvability."""
     from extender.config import ExtenderConfig
     from extender.model import node_facts, pod_facts
     from extender.policies import build_policies
+    from tests import reference_rules
 
     names = [n["metadata"]["name"] for n in nodes]
     cache = ClusterCache(clock=lambda: 1_800_000_000.0)
@@ -317,7 +338,15 @@ def test_suspects_cover_every_node_that_filter_fails(data, nodes, pod):
         state = policy.pre_filter(pod_state, view)
         if state is None:
             continue
-        suspects = policy.suspects(state, batch, view)
-        suspects = set(range(batch.known) if suspects is None else map(int, suspects))
-        failing = {i for i, n in enumerate(facts) if policy.filter(state, n, view) is not None}
-        assert failing <= suspects, policy.name
+        codes = policy.refuse(state, batch, view)
+        assert codes is not None and len(codes) == batch.known, policy.name
+        for j, node in enumerate(facts):
+            if policy.name == "heartbeat":
+                want = reference_rules.heartbeat(state, node, view, policy.window)
+            else:
+                want = getattr(reference_rules, policy.name)(state, node, view)
+            code = int(codes[j])
+            got = None if code == 0 else (
+                policy.word(state, code, node, view), code in policy.unresolvable
+            )  # fmt: skip
+            assert got == want, (policy.name, node.name)
