@@ -14,7 +14,6 @@ in ``FailedAndUnresolvableNodes``. Nothing a client sends makes it answer 5xx.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,15 +37,12 @@ from extender.model import NodeFacts, PodFacts, node_facts, pod_facts
 from extender.policies import Policy, build_policies
 from extender.policies.gpu import share_gpu
 from extender.policies.group import group_state
-from extender.prepared import PreparedAnswers
 from extender.records import object_key
 from extender.view import args_view
 from gpu_scheduler.http import BadInput, install_ops_endpoints
 
 log = logging.getLogger("extender")
 
-#: What a filter whose line is told on prioritize's passes on to that line.
-TOLD_ON = ("picker", "preference")
 UNECHOABLE = (
     "the Node object nests too deep for the extender to send it back "
     "(orjson's limit is 255 levels); it cannot be placed through this extender"
@@ -66,7 +62,6 @@ class Decider:
         # The last pod's facts: kube-scheduler sends the same Pod to filter and then
         # to prioritize. Reused only for an equal object (a comparison in C).
         self._last_pod: tuple[Any, PodFacts] | None = None
-        self.prepared = PreparedAnswers()
 
     def pod(self, obj: Any) -> PodFacts:
         last = self._last_pod
@@ -149,10 +144,7 @@ class Decider:
             return _dump_filter_result(req.args, answer), details, then
         if len(outcome.passed) == 1 and self.cache is not None:  # kube-scheduler's only choice
             self.cache.assume(req.args.pod, outcome.passed[0])
-        body = _dump_filter_result(req.args, outcome)
-        # (a filter that read its candidates again keeps its own line: that is news)
-        told_on = not rechecked
-        return body, details, lambda s: self.prepare(req, outcome.passed, s, details) and told_on
+        return _dump_filter_result(req.args, outcome), details, None
 
     def _picker(self, req: Call, passed: list[str]) -> str | None:
         """Who picks among the nodes that fit (extender/choice.py); None where there is
@@ -180,25 +172,24 @@ class Decider:
         elif uid is not None and self.explainer is not None:
             self.explainer.expect(uid)  # its binding may be seen before `then` runs
 
-        def then(_: float) -> bool:
+        def then(_: float) -> None:
             explainer = self.explainer
             if explainer is None or uid is None:
-                return False
+                return
             if parts is None:
                 explainer.unexplained()
-                return False
+                return
             scores = candidate_scores(nodes, means)
             avoided = choice.avoided(req.pod, nodes, at)
             explainer.remember(self._decision(call, uid, scores, parts, first=at, avoided=avoided))
-            return False  # filter's line is the pod's one line
 
         return passed[at], then
 
     @staticmethod
     def _passed(req: Call, passed: list[str]) -> Call:
-        """The call for the names filter passed (what prioritize is asked, or what a
-        filter that picks ranks): where every candidate passed (usual:
-        kube-scheduler's own filters came first), filter's rows, in this order."""
+        """The call for the names filter passed (what a filter that picks ranks):
+        where every candidate passed (usual: kube-scheduler's own filters came
+        first), filter's rows, in this order."""
         every = len(passed) == len(req.args.names)
         nodes = req.nodes if every else req.view.candidates(passed)
         return Call(wire.ExtenderArgs(req.args.pod, None, passed), req.pod, req.view, nodes)
@@ -221,65 +212,14 @@ class Decider:
         outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
         return req, outcome, changed
 
-    def prepare(
-        self,
-        req: Call,
-        passed: list[str],
-        filter_s: float | None = None,
-        told: dict[str, Any] | None = None,
-    ) -> bool:
-        """After filter's answer is on the wire: prioritize's answer for the names it
-        passed (extender/prepared.py). Only for names looked up in the cache (a call
-        that sends Node objects is judged by them), and not for one node or none,
-        which kube-scheduler does not score.
-
-        True when filter passed every candidate and the answer is prepared: its
-        prioritize line then says how long filter took (``filter_ms``, from
-        ``filter_s``) and who picks and why (``told``: filter's ``picker`` and
-        ``preference``), and filter's own line is only a debug one (a filter that
-        turned nodes away keeps its line: its reasons are the news)."""
-        if req.args.nodes is not None or len(passed) < 2 or req.pod.error is not None:
-            return False
-        started = time.perf_counter()
-        entry = self.prepared.begin(req.pod, passed, req.view.version)
-        answer, told_on = None, False
-        try:
-            every = len(passed) == len(req.args.names)
-            answer = self._score(self._passed(req, passed))
-            # prioritize's log line says what the preparation took, off its path
-            answer[1]["prepared_ms"] = round((time.perf_counter() - started) * 1000, 3)
-            if every and filter_s is not None:
-                answer[1]["filter_ms"] = round(filter_s * 1000, 3)
-                answer[1].update((k, v) for k, v in (told or {}).items() if k in TOLD_ON)
-                told_on = True
-        except Exception:  # the call itself will compute it, and fail or not, itself
-            log.exception("preparing prioritize's answer failed")
-            told_on = False  # prioritize computes its answer, and its line, itself
-        self.prepared.finish(entry, answer)
-        return told_on
-
     def prioritize(self, req: Call) -> tuple[bytes, dict[str, Any], None]:
         if self.cache is not None:  # scored anew: an earlier pick of it no longer counts
             self.cache.forget(object_key(req.args.pod))
-        # (the cache's version, not its view: a binding since filter would make the
-        # view be rebuilt here, on the call's path, only to be compared)
-        version = self.cache.version() if self.cache is not None else None
-        taken = self.prepared.take(req.pod, req.args.names, version)
-        if taken is None:
-            body, details, chosen = self._score(req)
-            details["prepared"] = False
-        else:
-            body, details, chosen = taken.answer
-            details |= {
-                "prepared": True,
-                # how long after filter's answer this call came, and waited for it
-                "prepared_after_ms": round(taken.after * 1000, 3),
-                "prepared_wait_ms": round(taken.waited * 1000, 3),
-            }
+        body, details, chosen = self._score(req)
         if self.explainer is not None and chosen is not None:
             self.explainer.remember(chosen)
         elif self.explainer is not None and details.get("explained") is False:
-            self.explainer.unexplained()  # once for the answer given, prepared or not
+            self.explainer.unexplained()  # its Event counted dropped, as the writer would
         return body, details, None
 
     def _explaining(self, req: Call) -> tuple[str | None, bool]:
@@ -333,14 +273,9 @@ class Decider:
         details = {
             "best": req.args.names[best] if best is not None else None,
             "top": int(array[best]) if best is not None else None,
-            # the view scored on (a prepared answer: filter's)
-            "view_pods": req.view.pods,
-            "view_age_s": None if req.view.age is None else round(req.view.age, 1),
         }
         if uid is not None and not explain:
             details["explained"] = False
-        elif uid is not None and self.explainer is not None:
-            self.explainer.expect(uid)  # its binding may be seen before `then` runs
         return body, details, chosen
 
     def _group_note(self, req: Call) -> Callable[[int], str | None] | None:

@@ -28,11 +28,9 @@ NOT_SYNCED = "the extender's cluster cache has not synced yet, retry shortly: "
 class Call:
     """One extender call, parsed: the candidates in order with their facts.
 
-    The view is taken when first read (``view`` may be the function that gives it): a
-    prioritize call served from its prepared answer never needs one, and taking it
-    would rebuild it on the call's path after every binding. Names sent without Node
-    objects are looked up in the view when ``nodes`` is first read; a malformed name
-    is :class:`BadInput` then."""
+    The view is taken when first read (``view`` may be the function that gives it).
+    Names sent without Node objects are looked up in the view when ``nodes`` is first
+    read; a malformed name is :class:`BadInput` then."""
 
     __slots__ = ("_nodes", "_source", "_view", "args", "pod")
 
@@ -102,10 +100,9 @@ class VerbGuard:
 
 
 #: What a verb's decision leaves to do once its answer is written, given the call's
-#: handler time in seconds: True when that work tells the call's outcome on to the
-#: next call's log line (filter, passed whole to a prepared prioritize), so that this
-#: call's own line is only a debug one.
-Then = Callable[[float], bool]
+#: handler time in seconds (a filter that picks: remember the decision its Event
+#: explains).
+Then = Callable[[float], None]
 
 
 class Endpoints:
@@ -153,10 +150,8 @@ class Endpoints:
         elapsed = time.perf_counter() - started
         response = Response(payload, mimetype="application/json")
         # Run once the answer is written (gunicorn closes the response then), off
-        # kube-scheduler's serial cycle: what comes next (prioritize's preparation
-        # after filter), then the call's metrics and log line: one line a pod where
-        # filter passed every candidate to a prepared prioritize, whose line says
-        # how long filter took (``filter_ms``).
+        # kube-scheduler's serial cycle: what the decision left to do, then the
+        # call's metrics and log line.
         response.call_on_close(lambda: self._after(verb, req, elapsed, details, then))
         return response
 
@@ -168,15 +163,14 @@ class Endpoints:
         details: dict[str, Any],
         then: Then | None,
     ) -> None:
-        told_on = then(elapsed) if then is not None else False
+        if then is not None:
+            then(elapsed)
         metrics.child(metrics.LATENCY, verb).observe(elapsed)
         metrics.child(metrics.REQUESTS, verb, "200").inc()
-        level = logging.DEBUG if told_on else logging.INFO
-        if not log.isEnabledFor(level):
+        if not log.isEnabledFor(logging.INFO):
             return
         view = req.taken_view()
-        log.log(
-            level,
+        log.info(
             verb,
             extra={
                 "pod": req.pod.key,
@@ -186,7 +180,6 @@ class Endpoints:
                 "view_age_s": None if view is None or view.age is None else round(view.age, 1),
                 # bound pods the view holds (cluster mode): what a bench compares with
                 # the bindings the API server had made, to see the view's lag
-                # (prioritize's details name the view its answer was scored on)
                 "view_pods": None if view is None else view.pods,
                 "ms": round(elapsed * 1000, 3),
                 **details,

@@ -105,11 +105,3 @@ PLACEMENT_EVENTS = Counter(
     "queue; failed: the API refused it; duplicate: another replica wrote it)",
     ["outcome"],
 )
-PREPARED = Counter(
-    "gpu_scheduler_extender_prepared_answers_total",
-    "Prioritize calls by what became of the answer prepared after the last filter "
-    "(used; used-older-view: used, scored on filter's view where a newer one exists; "
-    "stale: another pod, other names, or over a second old; unfinished: still being "
-    "prepared or failed; absent: none prepared)",
-    ["outcome"],
-)

@@ -5,8 +5,9 @@
 The same cache as ``profile_extender.py`` (``--nodes`` GPU nodes through the cache's
 own code, a bound pod on every fourth), then the best of five batches, in µs:
   - filter, the request's parse included (pod facts, the names' lookup);
-  - the preparation of prioritize's answer, with the placement explanation worked out
-    and without it (past the Event rate, ``Explainer.admit`` says no);
+  - prioritize's answer (``Decider._score``; the "preparation" columns), with the
+    placement explanation worked out and without it (past the Event rate,
+    ``Explainer.admit`` says no);
   - a binding's watch event applied to the cache, and the view rebuilt after it (what
     the next call's parse does).
 The end-to-end bench (``e2e_throughput.py``) shows what the same work costs when it

@@ -173,12 +173,14 @@ def measure(
     return (len(times) - 1) / span, spent
 
 
-#: The extender's counter of what became of prioritize's prepared answers.
+#: The extender's counter of what became of prioritize's prepared answers (trees
+#: with extender/prepared.py; absent from the others).
 PREPARED = "gpu_scheduler_extender_prepared_answers_total"
 
 
 def prepared_in(text: str) -> dict[str, float]:
-    """The prepared-answer counters in a /metrics text, by outcome (extender/prepared.py)."""
+    """The prepared-answer counters in a /metrics text, by outcome; {} where the
+    extender has no such counter (a tree without extender/prepared.py)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     return {

@@ -129,7 +129,7 @@ def measure_interleaved(
     """Filter then prioritize, ``calls`` times, on each server in turn call by call
     (so a drift in the machine's speed falls on all alike), each prioritize sent
     ``gap`` seconds after filter's answer was read (kube-scheduler runs its own
-    score plugins there; 0: at once, the least time a prepared answer gets)."""
+    score plugins there; 0: at once)."""
     clients = {name: Client(port) for name, port in ports.items()}
     for client in clients.values():
         for _ in range(min(20, calls)):  # warm up

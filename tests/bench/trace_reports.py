@@ -45,9 +45,10 @@ def _json_records(lines: list[str]) -> Iterator[dict]:
 
 def call_records(lines: list[str]) -> Iterator[tuple[str, dict]]:
     """(verb, fields) of each filter/prioritize call in our extender's JSON log lines:
-    each verb's own line, and a filter that passed every candidate to a prepared
-    prioritize, told on that prioritize's line (``filter_ms``; its candidates are
-    prioritize's nodes) as ``{"ms": filter_ms, "nodes": nodes}``."""
+    each verb's own line, and (trees with prioritize's prepared answers) a filter
+    that passed every candidate to a prepared prioritize, told on that prioritize's
+    line (``filter_ms``; its candidates are prioritize's nodes) as
+    ``{"ms": filter_ms, "nodes": nodes}``."""
     for record in _json_records(lines):
         verb = record.get("msg")
         if verb not in ("filter", "prioritize"):

@@ -112,11 +112,12 @@ def test_a_pod_with_a_preference_is_weighed_by_kube_scheduler(stack, made):
     made.append(pod)
     wait_bound(stack, pod)
     lines = lines_until(stack, pod, lambda ls: any(x["msg"] == "prioritize" for x in ls))
-    # filter passed both (its line told on prioritize's, which says who picked, why)
+    # filter passed both (its line says who picks, and why), then prioritize scored
     assert not any(line.get("chose") for line in lines)
-    (scored,) = [line for line in lines if line["msg"] == "prioritize"]
-    assert scored["picker"] == "kube-scheduler"
-    assert scored["preference"] == "preferred node affinity"
+    *_, filtered = [line for line in lines if line["msg"] == "filter"]
+    assert filtered["picker"] == "kube-scheduler"
+    assert filtered["preference"] == "preferred node affinity"
+    assert [line for line in lines if line["msg"] == "prioritize"]
 
 
 def test_a_node_marked_for_removal_is_passed_over(stack, made):

@@ -217,10 +217,11 @@ def test_a_pod_with_preferences_gets_every_node_that_fits_and_prioritize(cluster
     assert picks(SCHEDULER) == before + 1
     scores = {h["Host"]: h["Score"] for h in answer}
     assert scores["a"] == max(scores.values())
-    # one line for the pod: prioritize's, which says who picked and why
-    (line,) = [r for r in caplog.records if r.levelname == "INFO"]
-    assert line.getMessage() == "prioritize" and line.picker == SCHEDULER
-    assert line.preference == "preferred node affinity"
+    # filter's line says who picks and why; prioritize's follows
+    lines = [r for r in caplog.records if r.levelname == "INFO"]
+    assert [r.getMessage() for r in lines] == ["filter", "prioritize"]
+    assert lines[0].picker == SCHEDULER and lines[0].preference == "preferred node affinity"
+    assert lines[1].best == "a"
 
 
 def test_with_filter_chooses_off_every_node_that_fits_goes_back(cluster):

@@ -319,8 +319,7 @@ def test_a_watch_event_that_lands_during_the_read_is_decided_on(cluster):
 
 
 def test_a_filter_that_read_its_candidates_again_keeps_its_own_log_line(cluster, caplog):
-    """Every candidate passed, but only after the recheck: that is news, so filter's
-    line stays at INFO rather than being told on prioritize's."""
+    """Every candidate passed, but only after the recheck: filter's line says so."""
     _, cache, core = cluster
     # kube-scheduler picks here (a filter that picks always keeps its line)
     both = ExtenderConfig(filter_chooses=False)

@@ -69,6 +69,9 @@ def test_the_prepared_answer_counters_are_read_by_outcome():
         'gpu_scheduler_extender_prepared_answers_created{outcome="used"} 1.7e+09\n'
     )
     assert prepared_in(text) == {"used": 414.0, "used-older-view": 586.0}
+    # an extender without prepared answers: nothing to report
+    other = 'gpu_scheduler_extender_requests_total{verb="filter",code="200"} 3.0\n'
+    assert prepared_in(other) == {} and prepared_in("") == {}
 
 
 def test_the_handlers_own_timings_are_read_from_the_extenders_log(tmp_path):
