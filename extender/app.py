@@ -59,21 +59,9 @@ class Decider:
         self.cache = cache
         self.explainer = explainer
         self.policies: list[Policy] = build_policies(cfg)
-        # The last pod's facts: kube-scheduler sends the same Pod to filter and then
-        # to prioritize. Reused only for an equal object (a comparison in C).
-        self._last_pod: tuple[Any, PodFacts] | None = None
 
     def pod(self, obj: Any) -> PodFacts:
-        last = self._last_pod
-        try:
-            same = last is not None and obj == last[0]
-        except RecursionError:  # two equal objects nested past the interpreter's limit
-            same = False
-        if same and last is not None:
-            return last[1]
-        facts = pod_facts(obj, self.cfg.default_placement)
-        self._last_pod = (obj, facts)
-        return facts
+        return pod_facts(obj, self.cfg.default_placement)
 
     def parse(self, payload: Any) -> Call:
         # In cluster mode a name the view knows is a node name: only the others are

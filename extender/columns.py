@@ -170,26 +170,17 @@ class TableSnapshot:
     slots: Mapping[str, int]
     models: Codes
     zones: Codes
-    _last: tuple[Sequence[str], np.ndarray, bool] = field(
-        init=False, repr=False, default_factory=lambda: ((), np.zeros(0, np.intp), True)
-    )
 
     def lookup(self, names: Sequence[str]) -> tuple[np.ndarray, bool]:
         """The slot of each name (0: not known), and whether the names are known to be
         distinct: all known, and no slot twice (False where some are unknown, or one
-        repeats). kube-scheduler asks prioritize about the names filter passed, in the
-        same order: the last answer is kept, and a list equal to the last one
-        (compared in C) costs no lookup."""
-        last_names, last_slots, last_distinct = self._last
-        if names == last_names:
-            return last_slots, last_distinct
+        repeats)."""
         slots = np.fromiter(_slots(self.slots, names), np.intp, len(names))
         distinct = bool(slots.all())
         if distinct and len(slots) > 1:  # no slot twice: counted in flags, no sort
             seen = np.zeros(len(self.beats), dtype=bool)
             seen[slots] = True
             distinct = int(np.count_nonzero(seen)) == len(slots)
-        self._last = (names, slots, distinct)
         return slots, distinct
 
 

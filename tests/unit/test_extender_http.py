@@ -318,24 +318,6 @@ def test_cluster_mode_checks_the_names_its_cache_does_not_know(cluster_client, v
     )
 
 
-def test_the_same_pod_twice_is_read_once_and_a_changed_one_again(cluster_client, monkeypatch):
-    """filter then prioritize send the same Pod: its facts are reused only for an
-    equal object, so a pod whose knobs changed is read afresh."""
-    from extender import app as app_module
-
-    client, _ = cluster_client
-    reads = []
-    real = app_module.pod_facts
-    monkeypatch.setattr(app_module, "pod_facts", lambda *a: reads.append(1) or real(*a))
-    pod = make_pod("p", 2)
-    assert client.post("/filter", json=names_body(pod, ["a", "b"])).status_code == 200
-    assert client.post("/prioritize", json=names_body(pod, ["a", "b"])).status_code == 200
-    assert len(reads) == 1
-    bigger = make_pod("p", 8)  # same name, asks for more: a (2 free) no longer fits
-    body = client.post("/filter", json=names_body(bigger, ["a", "b"])).get_json()
-    assert len(reads) == 2 and body["NodeNames"] == ["b"]
-
-
 def test_two_equal_pods_nested_past_the_recursion_limit_are_answered(cluster_client):
     client, _ = cluster_client
     pod = make_pod("p", 1)
