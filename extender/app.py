@@ -1,14 +1,17 @@
 """The extender's Flask app: ``POST /filter`` and ``POST /prioritize`` (extender v1).
 
-Built by :func:`create_app`, the gunicorn app factory. ``node_source="args"`` decides
-from the Node objects in each request; ``"cluster"`` from the :class:`ClusterCache`
-(list+watch), which the factory starts in the worker that serves the requests.
+Built by :func:`create_app`, the gunicorn app factory. Each request names its
+candidate nodes (kube-scheduler's ``nodeCacheCapable: true``); their facts, and the
+pods bound to them, come from the :class:`ClusterCache` (list+watch), which the
+factory starts in the worker that serves the requests.
 
 The input contract (README, "Bad input"): a malformed *envelope* (not JSON, ``Pod``
-not an object, ``Nodes``/``NodeNames`` of the wrong shape, a node without a name) is
-a 400 with a JSON reason. A malformed field *inside* the Pod fails every node with a
-reason naming the field (scores 0); a malformed field inside one Node fails that node
-in ``FailedAndUnresolvableNodes``. Nothing a client sends makes it answer 5xx.
+not an object, ``NodeNames`` of the wrong shape, an element that is no node name) is
+a 400 with a JSON reason, and so is a call that carries whole Node objects
+(``nodeCacheCapable: false``: the reason names the fix, :data:`wire.NODE_OBJECTS`). A
+malformed field *inside* the Pod fails every node with a reason naming the field
+(scores 0); a node the cache could not read fails in ``FailedAndUnresolvableNodes``.
+Nothing a client sends makes it answer 5xx.
 """
 
 from __future__ import annotations
@@ -27,33 +30,26 @@ from extender.endpoints import Call, Endpoints, Then, VerbGuard
 from extender.engine import (
     FilterOutcome,
     candidate_scores,
-    candidates_of,
     filter_nodes,
     score_array,
     weighted_means,
 )
 from extender.explain import Decision, Explainer, decision, only_fit
-from extender.model import NodeFacts, PodFacts, node_facts, pod_facts
+from extender.model import NodeFacts, PodFacts, pod_facts
 from extender.policies import Policy, build_policies
 from extender.policies.gpu import share_gpu
 from extender.policies.group import group_state
 from extender.records import object_key
-from extender.view import args_view
-from gpu_scheduler.http import BadInput, install_ops_endpoints
+from gpu_scheduler.http import install_ops_endpoints
 
 log = logging.getLogger("extender")
 
-UNECHOABLE = (
-    "the Node object nests too deep for the extender to send it back "
-    "(orjson's limit is 255 levels); it cannot be placed through this extender"
-)
-
 
 class Decider:
-    """Everything a call needs besides the HTTP: config, policies, the node source."""
+    """Everything a call needs besides the HTTP: config, policies, the cluster cache."""
 
     def __init__(
-        self, cfg: ExtenderConfig, cache: ClusterCache | None, explainer: Explainer | None = None
+        self, cfg: ExtenderConfig, cache: ClusterCache, explainer: Explainer | None = None
     ) -> None:
         self.cfg = cfg
         self.cache = cache
@@ -64,26 +60,14 @@ class Decider:
         return pod_facts(obj, self.cfg.default_placement)
 
     def parse(self, payload: Any) -> Call:
-        # In cluster mode a name the view knows is a node name: only the others are
-        # checked (wire.parse_args's check_names).
-        args = wire.parse_args(payload, check_names=self.cache is None)
-        pod = self.pod(args.pod)
-        if args.nodes is not None:
-            view = self.cache.view() if self.cache is not None else args_view()
-            facts = [node_facts(node, self.cfg.group_levels) for node in args.nodes]
-            return Call(args, pod, view, candidates_of(args.names, facts, view))
-        if self.cache is None:
-            raise BadInput(
-                "NodeNames sent, but this extender runs with --node-source args: set "
-                "nodeCacheCapable: false in the scheduler's extender config, or run "
-                "the extender with --node-source cluster"
-            )
-        # the view is taken, and the names looked up, when first read
-        return Call(args, pod, self.cache.view)
+        # A name the view knows is a node name: only the others are checked, when
+        # looked up (endpoints._lookup). The view is taken, and the names looked up,
+        # when first read.
+        args = wire.parse_args(payload)
+        return Call(args, self.pod(args.pod), self.cache.view)
 
     def filter(self, req: Call) -> tuple[bytes, dict[str, Any], Then | None]:
-        if self.cache is not None:  # placed anew: an earlier pick of it no longer counts
-            self.cache.forget(object_key(req.args.pod))
+        self.cache.forget(object_key(req.args.pod))  # placed anew: an earlier pick no longer counts
         outcome = filter_nodes(req.pod, req.args.names, req.nodes, req.view, self.policies)
         if not outcome.passed and (unknown := req.nodes.unknown()):
             # Nothing fits among the nodes this view knows, and kube-scheduler knows
@@ -129,15 +113,15 @@ class Decider:
         if picker == choice.EXTENDER:
             picked, then = self._pick(req, outcome.passed, details)
             answer = FilterOutcome([picked], outcome.failed, outcome.unresolvable)
-            return _dump_filter_result(req.args, answer), details, then
-        if len(outcome.passed) == 1 and self.cache is not None:  # kube-scheduler's only choice
+            return orjson.dumps(wire.filter_result(answer)), details, then
+        if len(outcome.passed) == 1:  # kube-scheduler's only choice
             self.cache.assume(req.args.pod, outcome.passed[0])
-        return _dump_filter_result(req.args, outcome), details, None
+        return orjson.dumps(wire.filter_result(outcome)), details, None
 
     def _picker(self, req: Call, passed: list[str]) -> str | None:
         """Who picks among the nodes that fit (extender/choice.py); None where there is
-        nothing to pick (one node or none) or the call sent Node objects (args mode)."""
-        if len(passed) < 2 or req.args.nodes is not None:
+        nothing to pick (one node or none)."""
+        if len(passed) < 2:
             return None
         if not self.cfg.filter_chooses or req.pod.preference is not None:
             return choice.SCHEDULER
@@ -153,8 +137,7 @@ class Decider:
         means = weighted_means(req.pod, nodes, req.view, self.policies, self.cfg, parts)
         at = nodes.position(choice.pick(req.pod, nodes, means))
         details["chose"] = passed[at]
-        if self.cache is not None:  # counted there until bound (extender/cache_assumed.py)
-            self.cache.assume(req.args.pod, passed[at])
+        self.cache.assume(req.args.pod, passed[at])  # counted there until bound (cache_assumed)
         if uid is not None and not explain:
             details["explained"] = False
         elif uid is not None and self.explainer is not None:
@@ -180,17 +163,14 @@ class Decider:
         first), filter's rows, in this order."""
         every = len(passed) == len(req.args.names)
         nodes = req.nodes if every else req.view.candidates(passed)
-        return Call(wire.ExtenderArgs(req.args.pod, None, passed), req.pod, req.view, nodes)
+        return Call(wire.ExtenderArgs(req.args.pod, passed), req.pod, req.view, nodes)
 
     def _recheck(self, req: Call, outcome: FilterOutcome) -> tuple[Call, FilterOutcome, int]:
         """kube-scheduler may be retrying the pod on an event the watch has not yet
         delivered (extender/recheck.py): before turning it away, read its few
         candidates again, and decide again where anything differed."""
         cache = self.cache
-        # (a request with Node objects is judged by them, not by the cache)
-        if outcome.passed or cache is None or cache.recheck is None:
-            return req, outcome, 0
-        if req.args.nodes is not None or req.pod.error is not None:
+        if outcome.passed or cache.recheck is None or req.pod.error is not None:
             return req, outcome, 0
         changed = cache.recheck(req.args.names, wire.nominated_node(req.args.pod))
         view = cache.view()  # the watch may have caught up meanwhile, on its own
@@ -201,8 +181,7 @@ class Decider:
         return req, outcome, changed
 
     def prioritize(self, req: Call) -> tuple[bytes, dict[str, Any], None]:
-        if self.cache is not None:  # scored anew: an earlier pick of it no longer counts
-            self.cache.forget(object_key(req.args.pod))
+        self.cache.forget(object_key(req.args.pod))  # scored anew: an earlier pick no longer counts
         body, details, chosen = self._score(req)
         if self.explainer is not None and chosen is not None:
             self.explainer.remember(chosen)
@@ -295,29 +274,8 @@ def _uid(pod: Any) -> str | None:
     return uid if isinstance(uid, str) and 0 < len(uid) <= 128 else None
 
 
-def _dump_filter_result(args: wire.ExtenderArgs, outcome: FilterOutcome) -> bytes:
-    """The answer's bytes. A passing Node object too deep to serialise (possible only
-    in args mode, where the objects are echoed) is moved to the unresolvable ones."""
-    try:
-        return orjson.dumps(wire.filter_result(args, outcome))
-    except TypeError:  # orjson.JSONEncodeError, or its recursion limit
-        pass
-    by_name = dict(zip(args.names, args.nodes or (), strict=False))
-    keep: list[str] = []
-    for name in outcome.passed:
-        try:  # at the depth it has in the answer
-            orjson.dumps({"Nodes": {"items": [by_name.get(name)]}})
-        except TypeError:
-            outcome.unresolvable[name] = UNECHOABLE
-        else:
-            keep.append(name)
-    outcome.passed = keep
-    return orjson.dumps(wire.filter_result(args, outcome))
-
-
 def create_app(
     config: ExtenderConfig | str | None = None,
-    node_source: str = "args",
     cache: ClusterCache | None = None,
     kubeconfig: str | None = None,
     *,
@@ -326,13 +284,11 @@ def create_app(
     tls_ready: Callable[[], tuple[bool, str]] | None = None,
     explainer: Explainer | None = None,
 ) -> Flask:
-    """The app. ``node_source="cluster"`` without a ``cache`` starts one (and the
-    placement explainer) from ``kubeconfig``. ``guard`` says who may call the verbs;
-    ``tls_ready`` joins /readyz (the serving certificate loaded)."""
+    """The app, deciding from ``cache``; without one it starts one (and the placement
+    explainer) from ``kubeconfig`` (None: in-cluster). ``guard`` says who may call the
+    verbs; ``tls_ready`` joins /readyz (the serving certificate loaded)."""
     cfg = config if isinstance(config, ExtenderConfig) else load_config(config)
-    if node_source not in ("args", "cluster"):
-        raise ValueError(f"node_source must be args or cluster, not {node_source!r}")
-    if node_source == "cluster" and cache is None:
+    if cache is None:
         cache, explainer = cluster.start(kubeconfig, heartbeat_namespace, cfg.group_levels)
     decider = Decider(cfg, cache, explainer)
     endpoints = Endpoints(decider.parse, cache, cfg.max_body_bytes, guard or VerbGuard())
@@ -344,7 +300,7 @@ def create_app(
             ok, detail = tls_ready()
             if not ok:
                 return ok, detail
-        return cache.ready() if cache is not None else (True, "args mode: stateless")
+        return cache.ready()
 
     install_ops_endpoints(app, ready)
     app.add_url_rule(

@@ -1,4 +1,4 @@
-"""The cluster cache for ``--node-source cluster``: list+watch of Nodes, bound Pods, the
+"""The cluster cache the extender decides from: list+watch of Nodes, bound Pods, the
 agents' heartbeat Leases and the DRA kinds, one :class:`~extender.reflector.Reflector`
 thread per kind (extender/sources.py); filter's recheck (extender/recheck.py) reads a
 few Nodes and their pods again when the watch may be behind. It keeps only what the
@@ -205,7 +205,6 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PodAccounting):
             beats=self._beats_view[1],
             pods=pods,
             now=self._clock(),
-            knows_usage=True,
             age=age,
             stale=age is None or age > STALE_AFTER,
             version=version,

@@ -28,9 +28,6 @@ What kube-scheduler's scoring would have added, and how the pick keeps it:
   extender's 100 a point), are not weighed, nor is other pods' preferred affinity
   toward this one (their required terms are kube-scheduler's filters, which came
   first).
-
-Only in cluster mode: in args mode the extender sees no pods, so its binpack is off
-and kube-scheduler's MostAllocated, which sees them, must choose.
 """
 
 from __future__ import annotations

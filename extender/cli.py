@@ -14,22 +14,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         parser,
         port=8888,
         workers=None,
-        workers_help="gunicorn workers (default: 2 in args mode; 1 in cluster mode, where "
-        "each worker holds its own cache)",
+        workers_help="gunicorn workers (default: 1; each worker holds its own cluster cache)",
     )
     parser.add_argument(
-        "--node-source",
-        choices=("args", "cluster"),
-        default="args",
-        help="args: Node objects come in each request (nodeCacheCapable: false); "
-        "cluster: node names only, facts from a list+watch cache (nodeCacheCapable: true)",
+        "--kubeconfig", help="kubeconfig for the cluster cache's list+watch (default: in-cluster)"
     )
-    parser.add_argument("--kubeconfig", help="kubeconfig for cluster mode (default: in-cluster)")
     parser.add_argument(
         "--heartbeat-namespace",
         default=os.environ.get("POD_NAMESPACE") or None,
         metavar="NAMESPACE",
-        help="cluster mode: watch the agents' heartbeat Leases in NAMESPACE (default: "
+        help="watch the agents' heartbeat Leases in NAMESPACE (default: "
         "$POD_NAMESPACE, the install's namespace; none: no heartbeats are read)",
     )
     parser.add_argument("--config", help="YAML file with policy weights and limits")
@@ -58,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from gpu_scheduler.durations import parse_duration
     from gpu_scheduler.serving import metrics_dir_for, serve
 
-    workers = args.workers or (1 if args.node_source == "cluster" else 2)
+    workers = args.workers or 1
     try:
         server = server_settings(args, workers)
         interval = parse_duration(args.cert_reload_interval)
@@ -90,7 +84,6 @@ def run(args: argparse.Namespace) -> int:
     def factory():  # type: ignore[no-untyped-def]
         return create_app(
             cfg,
-            node_source=args.node_source,
             kubeconfig=args.kubeconfig,
             heartbeat_namespace=args.heartbeat_namespace,
             guard=VerbGuard(tls=reloader is not None, client_cert=bool(args.client_ca)),

@@ -8,7 +8,8 @@ its :class:`~extender.model.NodeFacts`, one row of integers per node (:class:`No
 the facts the vector forms of the policies read, and the node's free GPUs, CPU and
 memory), updated where the node or its pods change. A view holds a copy
 (:class:`TableSnapshot`); a call gathers its candidates' rows in one indexing step
-(:class:`Candidates`). Args mode, and tests, build the same rows from the facts.
+(:class:`Candidates`). Facts in hand (``gpu-scheduler explain``, preemption's what-if
+view of one node, tests) make the same rows with :meth:`Candidates.from_facts`.
 
 The rows hold codes, not strings: a GPU model or zone is a small integer whose string
 is in the table's ``models``/``zones`` (0 stands for none). The policies' ``word``
@@ -329,7 +330,7 @@ class Candidates:
         used: Mapping[str, int],
         gpus: Mapping[str, Sequence[Gpu]] | None = None,
     ):
-        """From facts in hand (args mode: the Node objects of the request). A node
+        """From facts in hand, not the cache's table (module docstring). A node
         absent from ``free`` has its own allocatable free and no pods known; a sharing
         node absent from ``gpus`` has nothing placed on its GPUs."""
         models, zones = Codes(), Codes()

@@ -5,7 +5,7 @@ weights: {gpu: 5, spot: 5, group: 15, scarcity: 15, fragmentation: 8}  # each >=
 disabled: []                          # policy names to switch off (e.g. [heartbeat])
 defaultPlacement: binpack             # or spread; pods override with an annotation
 heartbeatWindow: 15m                  # agent silent longer -> no new GPU pods; 0 = off
-maxBodyBytes: 134217728               # request body limit (args mode carries Node objects)
+maxBodyBytes: 134217728               # request body limit
 filterChooses: true                   # filter answers the one node it ranks first
                                       # (extender/choice.py); false: every node that fits
 groupLevels:                          # topology labels a placement group is packed

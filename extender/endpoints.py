@@ -29,8 +29,8 @@ class Call:
     """One extender call, parsed: the candidates in order with their facts.
 
     The view is taken when first read (``view`` may be the function that gives it).
-    Names sent without Node objects are looked up in the view when ``nodes`` is first
-    read; a malformed name is :class:`BadInput` then."""
+    The names are looked up in the view when ``nodes`` is first read; a malformed name
+    is :class:`BadInput` then."""
 
     __slots__ = ("_nodes", "_source", "_view", "args", "pod")
 
@@ -66,7 +66,7 @@ class Call:
 
 
 def _lookup(view: View, names: list[str]) -> Candidates:
-    """The view's rows for these names, in order (cluster mode)."""
+    """The view's rows for these names, in order."""
     try:
         batch = view.candidates(names)
     except TypeError:  # an element that cannot even be hashed is no node name
@@ -112,7 +112,7 @@ class Endpoints:
     def __init__(
         self,
         parse: Callable[[Any], Call],
-        cache: ClusterCache | None,
+        cache: ClusterCache,
         max_body: int,
         guard: VerbGuard,
     ) -> None:
@@ -129,7 +129,7 @@ class Endpoints:
         if refusal is not None:
             return refusal
         cache = self.cache
-        if cache is not None and not cache.synced():
+        if not cache.synced():
             # Error (or a 5xx) makes kube-scheduler retry the pod within seconds; an
             # answer failing every node as unknown would park it as unschedulable.
             metrics.RETRY_ANSWERS.labels(verb, "not-synced").inc()
@@ -178,7 +178,7 @@ class Endpoints:
                 "nodes": len(req.args.names),
                 "pod_error": req.pod.error,
                 "view_age_s": None if view is None or view.age is None else round(view.age, 1),
-                # bound pods the view holds (cluster mode): what a bench compares with
+                # bound pods the view holds: what a bench compares with
                 # the bindings the API server had made, to see the view's lag
                 "view_pods": None if view is None else view.pods,
                 "ms": round(elapsed * 1000, 3),

@@ -118,7 +118,7 @@ def constraint_story(api_client: Any, pod: Any) -> list[str]:
     from extender.engine import filter_nodes
     from extender.model import node_facts, pod_facts
     from extender.policies import build_policies
-    from extender.view import args_view
+    from extender.view import View
 
     serialize = api_client.sanitize_for_serialization
     nodes = [node_facts(n) for n in serialize(client.CoreV1Api(api_client).list_node().items)]
@@ -126,7 +126,7 @@ def constraint_story(api_client: Any, pod: Any) -> list[str]:
         pod_facts(serialize(pod)),
         [n.name for n in nodes],
         nodes,
-        args_view(),
+        View(),  # no pods read: the constraints alone, against empty nodes
         build_policies(ExtenderConfig()),
     )
     reasons = Counter({**out.failed, **out.unresolvable}.values())

@@ -34,7 +34,7 @@ NODES = Counter(
 )
 FILTER_PICKS = Counter(
     "gpu_scheduler_extender_filter_picks_total",
-    "Filter calls in cluster mode that left more than one node, by who picks among them "
+    "Filter calls that left more than one node, by who picks among them "
     "(extender: "
     "it answered the one node it ranks first, so kube-scheduler skips its scoring and "
     "prioritize; kube-scheduler: every node went back, as the pod asks for preferences "

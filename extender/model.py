@@ -99,7 +99,7 @@ class NodeFacts:
     #: health (None: no annotation, or unreadable); on a DRA node, its devices'
     #: blocking taints (the driver's word, believed without an agent).
     health: contract.GpuHealth | None = None
-    #: True when the node's agent holds its heartbeat Lease (cluster mode): only
+    #: True when the node's agent holds its heartbeat Lease: only
     #: then is ``health`` believed, so an annotation a departed agent left behind
     #: never holds GPUs back.
     managed: bool = False

@@ -65,7 +65,7 @@ from extender.engine import candidates_of, filter_nodes
 from extender.model import NodeFacts, PodFacts
 from extender.policies import Policy
 from extender.records import PodRecord, object_key
-from extender.view import View, args_view
+from extender.view import View
 from gpu_scheduler import contract, podspec
 from gpu_scheduler.sharing import BoundPod, usage
 from gpu_scheduler.taints import intolerable
@@ -232,7 +232,6 @@ def _with_node(view: View, facts: NodeFacts, used: int, state, gpus) -> View:  #
         beats=view.beats,
         pods=view.pods,
         now=view.time,
-        knows_usage=view.knows_usage,
         age=view.age,
         stale=view.stale,
     )
@@ -332,8 +331,7 @@ class Recent:
 
 def parse_call(payload: Any, pod_facts: Callable[[Any], PodFacts], cache: Any) -> PreemptCall:
     pod, nodes = wire.parse_preemption(payload)
-    view = cache.view if cache is not None else args_view()
-    call = PreemptCall(wire.ExtenderArgs(pod, None, list(nodes)), pod_facts(pod), view)
+    call = PreemptCall(wire.ExtenderArgs(pod, list(nodes)), pod_facts(pod), cache.view)
     spec = pod.get("spec")
     call.priority = podspec.pod_priority(spec) if isinstance(spec, Mapping) else 0
     call.proposed = {name: Victims(tuple(uids), pdb) for name, (uids, pdb) in nodes.items()}
@@ -343,14 +341,11 @@ def parse_call(payload: Any, pod_facts: Callable[[Any], PodFacts], cache: Any) -
 def answer(
     call: PreemptCall, cache: Any, policies: Sequence[Policy], recent: Recent
 ) -> tuple[bytes, dict[str, Any], None]:
-    """The preempt verb's answer and its log details. In args mode the extender sees
-    no pods: kube-scheduler's proposal goes back as it came."""
+    """The preempt verb's answer and its log details."""
     uid = object_key(call.args.pod)
     held = recent.held(uid)
-    if cache is None:
-        kept = call.proposed
-        details: dict[str, Any] = {"kept": len(kept), "args_mode": True}
-    elif call.pod.error is not None:
+    details: dict[str, Any]
+    if call.pod.error is not None:
         kept = {}
         details = {"kept": 0, "dropped": len(call.proposed), "why": call.pod.error}
     elif held is not None:

@@ -33,7 +33,6 @@ class View:
         "free",
         "gpus",
         "groups",
-        "knows_usage",
         "mix",
         "nodes",
         "pods",
@@ -61,13 +60,12 @@ class View:
         beats: Sequence[float] = (),
         pods: int = 0,
         now: float | None = None,
-        knows_usage: bool = False,
         age: float | None = None,
         stale: bool = False,
         version: Any = None,
         table: TableSnapshot | None = None,
     ) -> None:
-        #: Node facts by name (cluster mode; empty in args mode).
+        #: Node facts by name.
         self.nodes = nodes
         #: GPUs requested by the pods bound to each node (absent: none).
         self.used = used
@@ -89,14 +87,12 @@ class View:
         self.beats = beats
         self.pods = pods
         self.time = time.time() if now is None else now
-        #: False in args mode: nothing is known of the pods already running.
-        self.knows_usage = knows_usage
         #: Seconds since the API server last said anything (None: no cache).
         self.age = age
         #: True when that is longer than the cache trusts (``STALE_AFTER``).
         self.stale = stale
         self.version = version
-        #: The same nodes as rows (cluster mode): what :meth:`candidates` gathers.
+        #: The same nodes as rows: what :meth:`candidates` gathers.
         self.table = table
 
     def used_gpus(self, node: str) -> int:
@@ -104,14 +100,14 @@ class View:
 
     def free_gpus(self, node: NodeFacts) -> int:
         """GPUs a pod can still be given on ``node``: what the cache keeps for it
-        (columns.free_state), or, for a node it does not keep (args mode), its usable
-        GPUs less the ones in use."""
+        (columns.free_state), or, for a node it does not keep (facts in hand: explain,
+        tests), its usable GPUs less the ones in use."""
         state = self.free.get(node.name)
         return state[0] if state is not None else node.usable - self.used.get(node.name, 0)
 
     def shared_gpus(self, node: NodeFacts) -> tuple[Gpu, ...]:
         """A sharing node's GPUs as shares are placed: the cache's, or for a node it
-        does not keep (args mode) its GPUs as if nothing were placed."""
+        does not keep its GPUs as if nothing were placed."""
         state = self.gpus.get(node.name)
         if state is not None:
             return state
@@ -141,11 +137,9 @@ class View:
     def now(self) -> float:
         return self.time
 
-    def silent_agents(self, oldest: float) -> tuple[int, int] | None:
+    def silent_agents(self, oldest: float) -> tuple[int, int]:
         """(agents whose heartbeat is older than ``oldest``, agents) across the whole
-        cluster; None when the view does not know the cluster (args mode)."""
-        if not self.knows_usage:
-            return None
+        cluster."""
         return bisect.bisect_left(self.beats, oldest), len(self.beats)
 
     def lookup(self, names: Sequence[str]) -> list[NodeFacts | None]:
@@ -156,9 +150,3 @@ class View:
         if self.table is not None:
             return Candidates.from_view(names, self.table, self.nodes)
         return Candidates.from_facts(names, self.lookup(names), self.free, self.used, self.gpus)
-
-
-def args_view() -> View:
-    """The view in args mode: the Node objects come in the request; no pods are seen,
-    so usage is unknown (not zero)."""
-    return View()

@@ -1,10 +1,11 @@
 """``k8s.io/kube-scheduler/extender/v1`` on the wire, both directions.
 
-kube-scheduler sends ``ExtenderArgs`` with Go's field names (``Pod``, ``Nodes``,
-``NodeNames``; the unused one is ``null``) and reads back ``ExtenderFilterResult``
-(``Nodes`` *or* ``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``,
-``Error``) or a ``HostPriorityList`` (``[{"Host": ..., "Score": int}]``). Go's
-decoder matches keys case-insensitively after an exact match, and so do we.
+kube-scheduler sends ``ExtenderArgs`` with Go's field names (``Pod``, ``NodeNames``;
+``Nodes`` is ``null`` with ``nodeCacheCapable: true``, the only configuration served)
+and reads back ``ExtenderFilterResult`` (``NodeNames``, ``FailedNodes``,
+``FailedAndUnresolvableNodes``, ``Error``) or a ``HostPriorityList``
+(``[{"Host": ..., "Score": int}]``). Go's decoder matches keys case-insensitively
+after an exact match, and so do we.
 """
 
 from __future__ import annotations
@@ -33,55 +34,48 @@ def _field(obj: Mapping[str, Any], name: str) -> Any:
     return None
 
 
+#: Why a call in the shape of ``nodeCacheCapable: false`` (whole Node objects, or
+#: victims as Pod objects) is refused: the extender decides from its own cluster
+#: cache, by node name.
+NODE_OBJECTS = (
+    "{what}: kube-scheduler's extender entry for gpu-scheduler has "
+    "nodeCacheCapable: false. This extender reads nodes and pods from its own cluster "
+    "cache and takes node names only: set nodeCacheCapable: true in the extender's entry "
+    "of the KubeSchedulerConfiguration (as deploy/scheduler/scheduler-config.yaml does)"
+)
+
+
 @dataclass
 class ExtenderArgs:
     pod: dict[str, Any]
-    #: Node objects (nodeCacheCapable: false), else None.
-    nodes: list[dict[str, Any]] | None
-    #: Candidate names, in the order given (from NodeNames or the Node objects).
+    #: Candidate names, in the order given (``NodeNames``).
     names: list[str]
 
 
-def parse_args(payload: Any, check_names: bool = True) -> ExtenderArgs:
-    """The envelope: ``Pod`` an object, and ``Nodes.items`` objects or ``NodeNames``
-    strings, each with a node name. Anything else is :class:`BadInput` (HTTP 400);
-    what is inside the Pod and the Node objects is the policies' to judge.
+def parse_args(payload: Any) -> ExtenderArgs:
+    """The envelope: ``Pod`` an object and ``NodeNames`` an array. Anything else is
+    :class:`BadInput` (HTTP 400), and so are whole Node objects (``Nodes``:
+    ``nodeCacheCapable: false``, :data:`NODE_OBJECTS`); what is inside the Pod is the
+    policies' to judge.
 
-    ``check_names`` False leaves the elements of ``NodeNames`` and their
-    distinctness unchecked: for a caller that looks them up among names it knows to
-    be node names (distinct names have distinct rows), and passes a list it cannot
-    vouch for that way to :func:`check_names_field`. At
-    5,000 candidates that saves most of a millisecond a call."""
+    The elements of ``NodeNames`` and their distinctness are left unchecked: the
+    caller looks them up among names it knows to be node names (distinct names have
+    distinct rows), and passes a list it cannot vouch for that way to
+    :func:`check_names_field`. At 5,000 candidates that saves most of a millisecond
+    a call."""
     if not isinstance(payload, dict):
         raise BadInput(f"ExtenderArgs must be a JSON object, not {type_name(payload)}")
     pod = _field(payload, "Pod")
     if not isinstance(pod, dict):
         raise BadInput(f"ExtenderArgs.Pod must be an object, not {type_name(pod)}")
-    nodes_field = _field(payload, "Nodes")
+    if _field(payload, "Nodes") is not None:
+        raise BadInput(NODE_OBJECTS.format(what="ExtenderArgs carries Node objects (Nodes)"))
     names_field = _field(payload, "NodeNames")
-    if nodes_field is not None:
-        if not isinstance(nodes_field, dict):
-            raise BadInput(
-                f"ExtenderArgs.Nodes must be a NodeList object, not {type_name(nodes_field)}"
-            )
-        items = nodes_field.get("items")
-        items = [] if items is None else items
-        if not isinstance(items, list):
-            raise BadInput(f"ExtenderArgs.Nodes.items must be an array, not {type_name(items)}")
-        names = []
-        for i, item in enumerate(items):
-            meta = item.get("metadata") if isinstance(item, dict) else None
-            name = meta.get("name") if isinstance(meta, dict) else None
-            names.append(_node_name(name, f"ExtenderArgs.Nodes.items[{i}].metadata.name"))
-        check_distinct(names, "ExtenderArgs.Nodes.items")
-        return ExtenderArgs(pod, items, names)
-    if names_field is not None:
-        if not isinstance(names_field, list):
-            raise BadInput(f"ExtenderArgs.NodeNames must be an array, not {type_name(names_field)}")
-        if check_names:
-            check_names_field(names_field)
-        return ExtenderArgs(pod, None, names_field)
-    raise BadInput("ExtenderArgs carries neither Nodes nor NodeNames")
+    if names_field is None:
+        raise BadInput("ExtenderArgs carries no NodeNames")
+    if not isinstance(names_field, list):
+        raise BadInput(f"ExtenderArgs.NodeNames must be an array, not {type_name(names_field)}")
+    return ExtenderArgs(pod, names_field)
 
 
 def check_names_field(names: list[Any]) -> None:
@@ -98,7 +92,7 @@ def check_node_names(names: list[Any]) -> None:
             _node_name(name, f"ExtenderArgs.NodeNames[{i}]")
 
 
-def check_distinct(names: list[Any], path: str = "ExtenderArgs.NodeNames") -> None:
+def check_distinct(names: list[Any]) -> None:
     """Each candidate is answered exactly once, so each may be asked about once;
     else :class:`BadInput` naming the first repeat."""
     try:
@@ -110,7 +104,8 @@ def check_distinct(names: list[Any], path: str = "ExtenderArgs.NodeNames") -> No
         seen: set[str] = set()
         for i, name in enumerate(names):
             if name in seen:
-                raise BadInput(f"{path}[{i}] repeats the node name {clip(name, 80)}")
+                where = f"ExtenderArgs.NodeNames[{i}]"
+                raise BadInput(f"{where} repeats the node name {clip(name, 80)}")
             seen.add(name)
 
 
@@ -131,21 +126,14 @@ def _node_name(name: Any, path: str) -> str:
     raise BadInput(f"{path} must be a node name of 1..{MAX_NAME} characters, not {clip(name, 80)}")
 
 
-def filter_result(args: ExtenderArgs, outcome: FilterOutcome) -> dict[str, Any]:
-    """``ExtenderFilterResult`` in the shape the request came in."""
-    result: dict[str, Any] = {}
-    if args.nodes is None:
-        result["NodeNames"] = outcome.passed
-    else:
-        keep = set(outcome.passed)
-        result["Nodes"] = {
-            "metadata": {},
-            "items": [n for n, name in zip(args.nodes, args.names, strict=True) if name in keep],
-        }
-    result["FailedNodes"] = outcome.failed
-    result["FailedAndUnresolvableNodes"] = outcome.unresolvable
-    result["Error"] = ""
-    return result
+def filter_result(outcome: FilterOutcome) -> dict[str, Any]:
+    """``ExtenderFilterResult``: the names that passed, and why the others failed."""
+    return {
+        "NodeNames": outcome.passed,
+        "FailedNodes": outcome.failed,
+        "FailedAndUnresolvableNodes": outcome.unresolvable,
+        "Error": "",
+    }
 
 
 def error_result(message: str) -> dict[str, Any]:
@@ -206,19 +194,20 @@ MAX_VICTIMS = 4096
 
 def parse_preemption(payload: Any) -> tuple[dict[str, Any], dict[str, tuple[list[str], int]]]:
     """``ExtenderPreemptionArgs``: the Pod, and per node the victims' UIDs and the
-    PodDisruptionBudget violations kube-scheduler counted. ``NodeNameToMetaVictims``
-    (``nodeCacheCapable``: ``{"Pods": [{"UID": ...}], "NumPDBViolations": N}``) or
-    ``NodeNameToVictims`` (the Pod objects). Anything else is :class:`BadInput`."""
+    PodDisruptionBudget violations kube-scheduler counted, from
+    ``NodeNameToMetaVictims`` (``{"Pods": [{"UID": ...}], "NumPDBViolations": N}``).
+    Victims as Pod objects (``NodeNameToVictims``: ``nodeCacheCapable: false``,
+    :data:`NODE_OBJECTS`) and anything else are :class:`BadInput`."""
     if not isinstance(payload, dict):
         raise BadInput(f"ExtenderPreemptionArgs must be a JSON object, not {type_name(payload)}")
     pod = _field(payload, "Pod")
     if not isinstance(pod, dict):
         raise BadInput(f"ExtenderPreemptionArgs.Pod must be an object, not {type_name(pod)}")
-    key, meta = "NodeNameToMetaVictims", True
+    key = "NodeNameToMetaVictims"
     nodes = _field(payload, key)
-    if nodes is None:
-        key, meta = "NodeNameToVictims", False
-        nodes = _field(payload, key)
+    if nodes is None and _field(payload, "NodeNameToVictims") is not None:
+        what = "ExtenderPreemptionArgs carries its victims as Pod objects (NodeNameToVictims)"
+        raise BadInput(NODE_OBJECTS.format(what=what))
     nodes = {} if nodes is None else nodes
     if not isinstance(nodes, dict):
         raise BadInput(f"ExtenderPreemptionArgs.{key} must be an object, not {type_name(nodes)}")
@@ -241,16 +230,12 @@ def parse_preemption(payload: Any) -> tuple[dict[str, Any], dict[str, tuple[list
         pdb = 0 if pdb is None else pdb
         if type(pdb) is not int or not 0 <= pdb <= 1 << 31:
             raise BadInput(f"{where}.NumPDBViolations must be a count, not {clip(pdb, 40)}")
-        out[name] = ([_victim_uid(p, f"{where}.Pods[{i}]", meta) for i, p in enumerate(pods)], pdb)
+        out[name] = ([_victim_uid(p, f"{where}.Pods[{i}]") for i, p in enumerate(pods)], pdb)
     return pod, out
 
 
-def _victim_uid(entry: Any, where: str, meta: bool) -> str:
-    if meta:
-        uid = _field(entry, "UID") if isinstance(entry, dict) else None
-    else:
-        metadata = entry.get("metadata") if isinstance(entry, dict) else None
-        uid = metadata.get("uid") if isinstance(metadata, dict) else None
+def _victim_uid(entry: Any, where: str) -> str:
+    uid = _field(entry, "UID") if isinstance(entry, dict) else None
     if not isinstance(uid, str) or not 0 < len(uid) <= 128:
         raise BadInput(f"{where} must carry a pod UID, not {clip(entry, 80)}")
     return uid

@@ -52,23 +52,28 @@ def deploy_documents(folder: str) -> list[dict[str, Any]]:
     return docs
 
 
+def older_extender_args(tree: Path) -> list[str]:
+    """What the extender of a checkout from before 0.2.0 (compared in a bench) needs
+    to run as this one does: it read Node objects from each request unless told to
+    keep its cluster cache."""
+    cli = (tree / "extender" / "cli.py").read_text()
+    return ["--node-source=cluster"] if "--node-source" in cli else []
+
+
 def scheduler_config(
     extender_url: str,
     *,
     profile: str | None = None,
-    node_cache_capable: bool | None = None,
     client_dir: Path | None = None,
 ) -> dict[str, Any]:
     """deploy/'s KubeSchedulerConfiguration with the extender at ``extender_url`` (and
-    optionally the profile renamed, or the extender told to send Node objects).
+    optionally the profile renamed).
     ``client_dir``: kube-scheduler's client pair and CA bundle (``tls.crt``,
     ``tls.key``, ``ca.crt``) for an ``https://`` extender, as deploy/ mounts them;
     without it, plain HTTP."""
     cfg = yaml.safe_load((DEPLOY / "scheduler" / "scheduler-config.yaml").read_text())
     for extender in cfg.get("extenders") or []:
         extender["urlPrefix"] = extender_url
-        if node_cache_capable is not None:
-            extender["nodeCacheCapable"] = node_cache_capable
         if client_dir is None:
             extender["enableHTTPS"] = False
             extender.pop("tlsConfig", None)
@@ -173,7 +178,6 @@ class Stack:
         port: int,
         config: dict[str, Any] | None = None,
         *,
-        node_source: str = "cluster",
         kubeconfig: Path | None = None,
         wait: bool = True,
         extra: list[str] | None = None,
@@ -186,10 +190,9 @@ class Stack:
         when given) unless told not to. ``tree``: run another checkout's extender
         (``cli``: the command that starts it there)."""
         args = [*cli, "extender", "--host=127.0.0.1", f"--port={port}", *(extra or [])]
-        args.append(f"--node-source={node_source}")
-        if node_source == "cluster":
-            args.append(f"--kubeconfig={kubeconfig or self.cluster.kubeconfig}")
-            args.append(f"--heartbeat-namespace={NAMESPACE}")
+        args.append(f"--kubeconfig={kubeconfig or self.cluster.kubeconfig}")
+        args.append(f"--heartbeat-namespace={NAMESPACE}")
+        args += older_extender_args(tree)
         if config is not None:
             path = self.workdir / f"{name}-config.yaml"
             path.write_text(yaml.safe_dump(config))

@@ -21,7 +21,7 @@ def make_node(
     memory: str = "256Gi",
     extra_labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A Node as kube-scheduler sends it in args mode: the lab's Node (what a kubelet
+    """A Node as the API server lists it to the extender's cache: the lab's Node (what a kubelet
     registers, lab.kubelet_shim.node_object) with GFD-style GPU labels, the metadata the
     API server adds (uid, resourceVersion) and the kubelet's node info."""
     labels: dict[str, str] = {}

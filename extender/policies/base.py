@@ -38,8 +38,7 @@ class Failure:
     unresolvable: bool
 
 
-#: What the policies may ask about the cluster: an immutable snapshot for one request
-#: (``knows_usage`` False in args mode, where no pods are seen).
+#: What the policies may ask about the cluster: an immutable snapshot for one request.
 ClusterView = View
 
 

@@ -100,10 +100,10 @@ class FragmentationPolicy(Policy):
     def pre_score(self, pod: PodFacts, view: ClusterView) -> _State | _ShareState | None:
         shares = view.pod_shares(pod)
         if shares:
-            if not view.knows_usage or not view.share_mix:
+            if not view.share_mix:
                 return None
             return _ShareState(pod.gpus, shares, pod.cpu_milli, pod.ram_mib, view.share_mix)
-        if pod.gpus == 0 or not view.knows_usage or not view.mix:
+        if pod.gpus == 0 or not view.mix:
             return None
         weight = sum(c.weight for c in view.share_mix if c.kind == "share")
         return _State(pod.gpus, pod.cpu_milli, pod.ram_mib, view.mix, weight)

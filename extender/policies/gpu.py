@@ -44,13 +44,7 @@ class GpuPolicy(Policy):
         return self._state(pod, view)
 
     def pre_score(self, pod: PodFacts, view: ClusterView) -> _State | None:
-        shares = view.pod_shares(pod)
-        if (pod.gpus or shares) and not view.knows_usage:
-            # Args mode sees no pods: "free" would be allocatable, and binpack would
-            # prefer the smallest node, not the fullest. NodeResourcesFit's
-            # MostAllocated, which knows real usage, decides the packing instead.
-            return None
-        return self._state(pod, view, shares)
+        return self._state(pod, view, view.pod_shares(pod))
 
     @staticmethod
     def _state(pod: PodFacts, view: ClusterView, shares: tuple[int, ...] | None = None) -> _State:

@@ -1,10 +1,10 @@
 """heartbeat: no new GPU pods on a node whose gpu-scheduler agent has gone silent.
 
 The heartbeat is the agent's Lease (named as the node, in the install's namespace,
-``contract.LEASE_LABEL``; cluster mode only, args mode has no heartbeats). A node
-with no such Lease is not agent-managed (labelled by GPU Feature Discovery, or its
-agent is gone: the Lease is owned by the agent's Pod and goes with it) and is trusted
-as it is: a heartbeat can never be left behind to refuse a node forever. The old
+``contract.LEASE_LABEL``, which the cluster cache watches). A node with no such Lease
+is not agent-managed (labelled by GPU Feature Discovery, or its agent is gone: the
+Lease is owned by the agent's Pod and goes with it) and is trusted as it is: a
+heartbeat can never be left behind to refuse a node forever. The old
 ``gpu-scheduler.io/agent-heartbeat`` Node annotation is not read.
 
 The guard. The policy must not turn the extender's own trouble into a fleet-wide
@@ -16,8 +16,8 @@ log, while
 - the view is stale (the API server has said nothing for ``STALE_AFTER`` seconds), or
 - more than half of the agent-managed nodes look silent at once, and at least
   :data:`GUARD_MIN_SILENT` of them: agents do not fail together, a partition or a
-  stale view does. In cluster mode this counts every agent-managed node the cache
-  knows; in args mode the candidates of the call.
+  stale view does. This counts every agent-managed node the cache knows, not only
+  the candidates of the call.
 
 A silent node fails as *unresolvable*: kube-scheduler's preemption must not evict pods
 from a node the extender will keep refusing. kube-scheduler still retries the pod on
@@ -61,25 +61,15 @@ class HeartbeatPolicy(Policy):
         if (pod.gpus == 0 and not pod.shares) or self.window <= 0:
             return None
         oldest = view.now() - self.window
-        why = "stale-view" if view.stale and view.knows_usage else None
+        why = "stale-view" if view.stale else None
         counts = view.silent_agents(oldest)
-        if why is None and counts is not None and _too_many(*counts):
+        if why is None and _too_many(*counts):
             why = "many-silent"
-        if why is not None:
-            self._guard(why, counts)
-            return None
-        if counts is not None:
-            self._guard(None, counts)
-        return oldest
+        self._guard(why, counts)
+        return None if why is not None else oldest
 
     def refuse(self, oldest: float, nodes: Candidates, view: ClusterView) -> np.ndarray:
         silent = nodes.beats < oldest  # NaN (no Lease) is never less
-        if not view.knows_usage and silent.any():  # args mode: judge by the candidates
-            counts = (int(np.count_nonzero(silent)), int(np.count_nonzero(~np.isnan(nodes.beats))))
-            if _too_many(*counts):
-                self._guard("many-silent", counts)
-                return np.zeros(len(silent), dtype=np.int64)
-            self._guard(None, counts)
         return silent.astype(np.int64)  # code 1: silent
 
     def word(self, oldest: float, code: int, node: NodeFacts, view: ClusterView) -> str:
@@ -90,7 +80,7 @@ class HeartbeatPolicy(Policy):
             f"{int(self.window)}s)"
         )
 
-    def _guard(self, why: str | None, counts: tuple[int, int] | None) -> None:
+    def _guard(self, why: str | None, counts: tuple[int, int]) -> None:
         if why is not None:
             metrics.HEARTBEAT_GUARD_DECISIONS.labels(why).inc()
         with self._lock:
@@ -98,7 +88,7 @@ class HeartbeatPolicy(Policy):
                 return
             self._tripped = why
         metrics.HEARTBEAT_GUARD.set(0 if why is None else 1)
-        silent, managed = counts or (None, None)
+        silent, managed = counts
         if why is None:
             log.info(
                 "heartbeat guard cleared: filtering silent agents again",

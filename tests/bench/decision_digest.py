@@ -106,7 +106,7 @@ def digest(
 
     core = FakeCore([trace.node_manifest(n, sharing=True) for n in nodes])
     cache = synced_cache(core=core, clock=lambda: NOW)
-    client = create_app(node_source="cluster", cache=cache).test_client()
+    client = create_app(cache=cache).test_client()
     names = sorted(n.name for n in nodes)
     sha = hashlib.sha256()
     placed = 0

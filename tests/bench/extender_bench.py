@@ -1,4 +1,4 @@
-"""Extender latency through HTTP against gunicorn, both node sources, side by side.
+"""Extender latency through HTTP against gunicorn, beside the floor of HTTP + JSON.
 
     .venv/bin/python tests/bench/extender_bench.py [--calls 300] [--sizes 100,500,5000] \
         [--gap-ms 0]
@@ -10,10 +10,9 @@ lists and watches them) and a few hundred bound GPU pods, then runs in one proce
     gunicorn (gthread) and on the extender's own server (gpu_scheduler.serving, which
     reads each request whole before a thread sees it: the slow-client defence), so
     the second floor and ours differ only in the decision,
-  - our extender, --node-source args (Node objects in every request),
-  - our extender, --node-source cluster (node names; facts from its cache),
+  - our extender (node names; facts from its cache),
 and reports filter and prioritize latency p50/p99 for 100, 500 and 5,000 candidates,
-the args/cluster ratio, cluster mode's p50 over each floor's, and the cache's memory
+our p50 over each floor's, and the cache's memory
 per node at 5,000 nodes (tracemalloc over the same Node objects fed through the
 cache's own code).
 """
@@ -78,7 +77,7 @@ if __name__ == "__main__":
 """
 FLOORS = ("bare (names)", "bare, our server")
 #: The rows of each size, in the order printed.
-MODES = (*FLOORS, "args", "cluster")
+MODES = (*FLOORS, "cluster")
 
 
 def cluster_nodes(count: int) -> list[dict]:
@@ -117,10 +116,6 @@ class Client:
         if response.status != 200:
             raise RuntimeError(f"{path}: {response.status} {data[:300]!r}")
         return elapsed, data
-
-
-def measure(port: int, body: bytes, calls: int, gap: float = 0.0) -> dict[str, float]:
-    return measure_interleaved({"one": port}, body, calls, gap)["one"]
 
 
 def measure_interleaved(
@@ -252,7 +247,6 @@ def main() -> int:
             ports = {
                 "bare": free_port(),
                 "bare-ours": free_port(),
-                "args": free_port(),
                 "cluster": free_port(),
             }
             threads = f"--threads={opts.threads}"
@@ -280,13 +274,9 @@ def main() -> int:
                     env={"PYTHONPATH": str(ROOT)},
                 ),
                 running(
-                    [*base, f"--port={ports['args']}", "--node-source=args"], work / "args.log"
-                ),
-                running(
                     [
                         *base,
                         f"--port={ports['cluster']}",
-                        "--node-source=cluster",
                         f"--kubeconfig={cluster.kubeconfig}",
                     ],
                     work / "cluster.log",
@@ -301,12 +291,9 @@ def main() -> int:
                     chosen = nodes[:size]
                     names = [n["metadata"]["name"] for n in chosen]
                     by_names = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
-                    by_nodes = json.dumps(
-                        {"Pod": pod, "Nodes": {"items": chosen}, "NodeNames": None}
-                    ).encode()
                     calls = max(30, opts.calls // (10 if size >= 5000 else 1))
                     gap = opts.gap_ms / 1000
-                    # the names' servers in turn; args mode (Node objects) on its own
+                    # the servers in turn, call by call
                     result = measure_interleaved(
                         {
                             "bare (names)": ports["bare"],
@@ -317,8 +304,7 @@ def main() -> int:
                         calls,
                         gap,
                     )
-                    result["args"] = measure(ports["args"], by_nodes, max(20, calls // 3), gap)
-                    rows.append((size, len(by_nodes), len(by_names), result))
+                    rows.append((size, len(by_names), result))
                     print(f"  measured {size} candidates", flush=True)
         finally:
             cluster.stop()
@@ -332,22 +318,20 @@ def main() -> int:
         "| candidates | mode | body | filter p50 | filter p99 | prioritize p50 | prioritize p99 |"
     )
     print("|---:|---|---:|---:|---:|---:|---:|")
-    for size, nodes_len, names_len, result in rows:
+    for size, names_len, result in rows:
         for mode in MODES:
             r = result[mode]
-            body = nodes_len if mode == "args" else names_len
             print(
-                f"| {size} | {mode} | {body / 1024:.0f} KiB | {r['filter_p50']:.2f} | "
+                f"| {size} | {mode} | {names_len / 1024:.0f} KiB | {r['filter_p50']:.2f} | "
                 f"{r['filter_p99']:.2f} | {r['prio_p50']:.2f} | {r['prio_p99']:.2f} |"
             )
     print()
     print(
-        "| candidates | args/cluster p50 (filter) | floor | cluster/floor p50 filter "
+        "| candidates | floor | cluster/floor p50 filter "
         "| cluster/floor p50 prioritize | cluster/floor p99 filter |"
     )
-    print("|---:|---:|---|---:|---:|---:|")
-    for size, _, _, result in rows:
-        ratio = result["args"]["filter_p50"] / result["cluster"]["filter_p50"]
+    print("|---:|---|---:|---:|---:|")
+    for size, _, result in rows:
         ours = result["cluster"]
         for floor in FLOORS:
             bare = result[floor]
@@ -356,7 +340,7 @@ def main() -> int:
                 ours["prio_p50"] / bare["prio_p50"],
             )
             tail = ours["filter_p99"] / bare["filter_p99"]
-            print(f"| {size} | {ratio:.1f}x | {floor} | {filt:.2f}x | {prio:.2f}x | {tail:.2f}x |")
+            print(f"| {size} | {floor} | {filt:.2f}x | {prio:.2f}x | {tail:.2f}x |")
     print()
     print(f"Cache memory per node at {opts.nodes} nodes (+{opts.pods} pods): {per_node:.0f} bytes")
     return 0

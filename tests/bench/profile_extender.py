@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
 
     cache, names = build_cache(opts.nodes)
-    client = create_app(node_source="cluster", cache=cache).test_client()
+    client = create_app(cache=cache).test_client()
     step = max(1, opts.nodes // opts.candidates)
     body = {
         "Pod": make_pod("bench", 2, annotations={"gpu-scheduler.io/group": "g"}),

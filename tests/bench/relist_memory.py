@@ -196,8 +196,10 @@ def listed_lines(log_text: str) -> list[dict[str, Any]]:
 
 
 # --- one extender, measured ------------------------------------------------------------
-def extender_command(kubeconfig: Path, port: int, ops_port: int) -> list[str]:
-    """As lab.stack spawns it in cluster mode, with one worker."""
+def extender_command(kubeconfig: Path, port: int, ops_port: int, tree: Path) -> list[str]:
+    """As lab.stack spawns it, with one worker."""
+    from lab.stack import older_extender_args
+
     return [
         sys.executable,
         "-m",
@@ -206,9 +208,9 @@ def extender_command(kubeconfig: Path, port: int, ops_port: int) -> list[str]:
         "--host=127.0.0.1",
         f"--port={port}",
         f"--ops-port={ops_port}",
-        "--node-source=cluster",
         f"--kubeconfig={kubeconfig}",
         "--workers=1",
+        *older_extender_args(tree),
     ]
 
 
@@ -231,7 +233,7 @@ def measure(
     log_path = log_dir / f"extender-{name}.log"
     with open(log_path, "wb") as handle:
         popen = subprocess.Popen(
-            extender_command(kubeconfig, port, ops_port),
+            extender_command(kubeconfig, port, ops_port, tree),
             cwd=tree,
             env=env,
             stdout=handle,

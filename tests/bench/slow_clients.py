@@ -1,7 +1,8 @@
 """Legitimate latency with and without slow clients holding connections, both servers.
 
-For the extender (args mode) and the webhook (TLS), started as deployed (extender:
-1 worker, 4 threads; webhook: 2 workers, 4 threads), in one run:
+For the extender (its cache listed from a fake API holding the 20 nodes,
+tests/fakeapi.py) and the webhook (TLS), started as deployed (extender: 1 worker, 4
+threads; webhook: 2 workers, 4 threads), in one run:
 
 1. ``--requests`` legitimate calls one after another on a keep-alive connection
    (a 20-node /filter; a GPU pod's AdmissionReview): p50/p99/max, without anything
@@ -197,6 +198,12 @@ def server(kind: str, worker: str, work: Path) -> Any:
         yield port, ca
 
 
+def bench_nodes() -> list[dict[str, Any]]:
+    """The extender's cluster: 20 nodes of 8 GPUs, no pods."""
+    h100 = {"product": "NVIDIA-H100-80GB-HBM3", "memory_mib": 81559}
+    return [make_node(f"n{i}", 8, **h100) for i in range(20)]
+
+
 def serve_main(kind: str, worker: str, port: int, cert_dir: str | None) -> None:
     """The server process: ours, or the same with gunicorn's gthread worker."""
     from gpu_scheduler.serving import serve
@@ -204,9 +211,10 @@ def serve_main(kind: str, worker: str, port: int, cert_dir: str | None) -> None:
     options: dict[str, Any] = {} if worker == "buffering" else {"worker_class": "gthread"}
     if kind == "extender":
         from extender.app import create_app
+        from tests.fakeapi import synced_cache
 
         serve(
-            create_app,
+            lambda: create_app(cache=synced_cache(bench_nodes())),
             host="127.0.0.1",
             port=port,
             workers=1,
@@ -253,11 +261,9 @@ def main() -> int:
     if args.serve:
         serve_main(args.serve, args.worker, args.port, args.cert_dir)
         return 0
-    nodes = [
-        make_node(f"n{i}", 8, product="NVIDIA-H100-80GB-HBM3", memory_mib=81559) for i in range(20)
-    ]
+    names = [n["metadata"]["name"] for n in bench_nodes()]
     bodies = {
-        "extender": ("/filter", json.dumps({"Pod": make_pod(gpus=2), "Nodes": {"items": nodes}})),
+        "extender": ("/filter", json.dumps({"Pod": make_pod(gpus=2), "NodeNames": names})),
         "webhook": ("/mutate", json.dumps(review_body())),
     }
     workers = ["buffering", "gthread"] if args.compare_gthread else ["buffering"]

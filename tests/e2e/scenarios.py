@@ -1,5 +1,5 @@
 """Scenarios on a control plane of a test module's own: an extender (optionally behind
-the fault proxy, or in args mode) and a kube-scheduler profile of its own, so pods pick
+the fault proxy) and a kube-scheduler profile of its own, so pods pick
 the scenario by ``schedulerName``. Used by the fault-injection and GPU-stack tests.
 Also what the e2e tests share of GPU nodes and pods: the GPU taint, a GPU node, a pod
 placed through the webhook, DRA slices and class."""
@@ -186,7 +186,7 @@ class Scenario:
 
 @contextlib.contextmanager
 def scenario(
-    stack: Stack, name: str, *, proxied: bool = True, hold: bool = False, args_mode: bool = False
+    stack: Stack, name: str, *, proxied: bool = True, hold: bool = False
 ) -> Iterator[Scenario]:
     cluster = stack.cluster
     proxy = Proxy(cluster.api_port).start() if proxied else None
@@ -196,14 +196,11 @@ def scenario(
     extender = stack.spawn_extender(
         f"extender-{name}",
         port,
-        node_source="args" if args_mode else "cluster",
         kubeconfig=cluster.kubeconfig_via(proxy.address) if proxy else None,
         wait=not hold,
     )
     profile = f"gpu-{name}"
-    config = scheduler_config(
-        f"http://127.0.0.1:{port}", profile=profile, node_cache_capable=not args_mode
-    )
+    config = scheduler_config(f"http://127.0.0.1:{port}", profile=profile)
     cluster.start_scheduler(f"scheduler-{name}", config)
     try:
         yield Scenario(stack, name, profile, port, extender, proxy)

@@ -280,30 +280,13 @@ def test_apiserver_restart_and_a_compacted_history(faults):
         assert refused == "3 of 8 GPUs free; pod requests 4"
 
 
-def test_args_mode_cannot_pack_by_usage_and_says_so_cluster_mode_does(faults):
+def test_the_extender_packs_by_usage(faults):
     """The pair from the issue: an 8-GPU node with 7 in use and an empty 2-GPU node;
-    a 1-GPU pod, then a 2-GPU pod.
-
-    In args mode (nodeCacheCapable: false) nobody can pack by usage: the extender sees
-    no pods (so it scores both nodes alike rather than binpack on allocatable), and
-    kube-scheduler itself hands its score plugins fresh NodeInfos without pods after
-    such an extender's filter (pkg/scheduler/extender.go, Filter: NewNodeInfo +
-    SetNode), so MostAllocated sees both nodes empty and picks the small one. The 2-GPU
-    pod then fits nowhere. In cluster mode the extender knows the 7 GPUs in use, and
-    both pods land."""
+    a 1-GPU pod, then a 2-GPU pod. The extender's cache knows the 7 GPUs in use (where
+    kube-scheduler, after the filter of an extender that is sent whole Node objects,
+    scores fresh NodeInfos without pods: pkg/scheduler/extender.go), so the 1-GPU pod
+    fills the big node and both pods land."""
     pair = [("big", 8), ("small", 2)]
-    with scenario(faults, "argsmode", proxied=False, args_mode=True) as s:
-        big, small = (s.node("argsmode", gpus) for _, gpus in pair)
-        bind_pod(faults, big, 7)
-        serialize = faults.api.sanitize_for_serialization
-        nodes = [serialize(core(faults).read_node(n)) for n in (big, small)]
-        body = {"Pod": gpu_pod_json(1), "Nodes": {"items": nodes}}
-        scores = requests.post(s.url + "/prioritize", json=body).json()
-        assert scores[0]["Score"] == scores[1]["Score"]  # no pretending to know usage
-        one = s.pod(1, "argsmode")
-        assert wait_bound(faults, one, timeout=30) == small  # MostAllocated, blinded
-        two = s.pod(2, "argsmode")
-        wait_event(faults, two, "Insufficient nvidia.com/gpu", timeout=30)
     with scenario(faults, "clustermode", proxied=False) as s:
         big, small = (s.node("clustermode", gpus) for _, gpus in pair)
         bind_pod(faults, big, 7)

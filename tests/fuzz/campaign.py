@@ -1,11 +1,12 @@
-"""The full fuzz campaign: every endpoint, both node sources, one table.
+"""The full fuzz campaign: every endpoint, one table.
 
     .venv/bin/python -m tests.fuzz.campaign --count 10000 [--seed 1] [--write-docs]
 
-Starts the extender in args mode and the webhook over TLS (2 workers each, as
-deployed), a local control plane with the extender in cluster mode (1 worker, as
-deployed), sends ``--count`` generated requests to each of /filter, /prioritize, /preempt
-(both node sources) and /mutate, and prints the table (``--write-docs``: also into
+Starts the extender with its cache listed from a fake API (tests/fake_extender.py),
+the webhook over TLS (2 workers, as deployed), and a local control plane with the
+extender as deployed (1 worker, its cache listing that API server); sends ``--count``
+generated requests to each of /filter, /prioritize, /preempt (both extenders) and
+/mutate, and prints the table (``--write-docs``: also into
 docs/ROBUSTNESS.md). Exits non-zero when any endpoint answered 5xx, lost a worker,
 logged an alarm or failed the valid request afterwards.
 """
@@ -50,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fuzz-")))
-        url, pid, log = stack.enter_context(servers.extender_args_mode(work))
-        targets = servers.extender_targets(url, pid, log, "args")
+        url, pid, log = stack.enter_context(servers.extender_fake_cluster(work))
+        targets = servers.extender_targets(url, pid, log, "fake API")
         if not args.skip_cluster:
             targets += cluster_targets(stack, work)
         hook_url, hook_pid, hook_log, ca = stack.enter_context(servers.webhook(work))

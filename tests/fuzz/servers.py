@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import requests
 
 from gpu_scheduler import contract
+from tests import fake_extender
 from tests.factories import admission_review, make_node, make_pod
 from tests.fuzz.harness import Target
-from tests.helpers import CLI, free_port, running, tail, wait_for, webhook_command
+from tests.helpers import free_port, running, tail, wait_for, webhook_command
 
 H100 = dict(product="NVIDIA-H100-80GB-HBM3", memory_mib=81559)
 NODE_NAMES = ("fuzz-a", "fuzz-b", "fuzz-c")
@@ -72,23 +74,13 @@ def base_nodes() -> list[dict[str, Any]]:
     return nodes
 
 
-def args_body() -> dict[str, Any]:
-    return {"Pod": base_pod(), "Nodes": {"metadata": {}, "items": base_nodes()}, "NodeNames": None}
-
-
 def names_body() -> dict[str, Any]:
     return {"Pod": base_pod(), "Nodes": None, "NodeNames": list(NODE_NAMES)}
 
 
-def preempt_body(mode: str) -> dict[str, Any]:
-    """kube-scheduler's preempt call: a victim on each node, by UID (cluster mode,
-    ``nodeCacheCapable``) or as the Pod (args mode)."""
-    if mode == "args":
-        victims = {
-            name: {"Pods": [{**base_pod(), "metadata": {"name": "v", "uid": f"uid-{name}"}}]}
-            for name in NODE_NAMES
-        }
-        return {"Pod": base_pod(), "NodeNameToVictims": victims}
+def preempt_body() -> dict[str, Any]:
+    """kube-scheduler's preempt call (``nodeCacheCapable``): a victim on each node, by
+    UID."""
     victims = {
         name: {"Pods": [{"UID": f"uid-{name}"}], "NumPDBViolations": 0} for name in NODE_NAMES
     }
@@ -100,16 +92,32 @@ def review_body() -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def extender_args_mode(
-    workdir: Path, workers: int = 2, *extra: str
+def extender_fake_cluster(
+    workdir: Path,
+    workers: int = 1,
+    *extra: str,
+    nodes: Sequence[dict[str, Any]] | None = None,
+    pods: Sequence[dict[str, Any]] = (),
 ) -> Iterator[tuple[str, int, Path]]:
-    """``gpu-scheduler extender --node-source args``: (url, master pid, log). The
-    process must still be running when the block ends."""
+    """``gpu-scheduler extender`` whose cache lists ``nodes`` (default:
+    :func:`base_nodes`) and ``pods`` from a fake API (tests/fake_extender.py): (url,
+    master pid, log). The process must still be running when the block ends."""
     port = free_port()
-    log = workdir / f"extender-args-{port}.log"
-    cmd = [*CLI, "extender", "--host=127.0.0.1", f"--port={port}", f"--workers={workers}", *extra]
+    log = workdir / f"extender-{port}.log"
+    cluster = workdir / f"cluster-{port}.json"
+    nodes = base_nodes() if nodes is None else nodes
+    cluster.write_text(json.dumps({"nodes": nodes, "pods": pods}))
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.fake_extender",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        f"--workers={workers}",
+        *extra,
+    ]
     tls = any(arg.startswith("--tls-cert-dir") for arg in extra)
-    with running(cmd, log) as proc:
+    with running(cmd, log, env={fake_extender.ENV: str(cluster)}) as proc:
         url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
         _wait_up(url + "/healthz", log, not tls)
         yield url, proc.pid, log
@@ -142,17 +150,17 @@ def _wait_up(url: str, log: Path, verify: str | bool) -> None:
 
 
 def extender_targets(
-    url: str, pid: int, log: Path, mode: str, client: dict[str, Any] | None = None
+    url: str, pid: int, log: Path, where: str, client: dict[str, Any] | None = None
 ) -> list[Target]:
-    """``client``: ``requests`` TLS arguments (``cert``, ``verify``) for an HTTPS
-    extender."""
-    base = args_body() if mode == "args" else names_body()
+    """The extender's verbs, named for ``where`` its cache lists from (``cluster``, a
+    control plane; ``fake API``). ``client``: ``requests`` TLS arguments (``cert``,
+    ``verify``) for an HTTPS extender."""
     tls = client or {}
     return [
         Target(
-            f"/{verb} ({mode})",
+            f"/{verb} ({where})",
             f"{url}/{verb}",
-            preempt_body(mode) if verb == "preempt" else base,
+            preempt_body() if verb == "preempt" else names_body(),
             pid,
             log,
             verify=tls.get("verify", True),

@@ -31,10 +31,12 @@ def check(result: harness.Result) -> None:
 
 
 @pytest.mark.parametrize("verb", ["filter", "prioritize", "preempt"])
-def test_extender_args_mode(work, verb):
-    with servers.extender_args_mode(work) as (url, pid, log):
-        target = next(t for t in servers.extender_targets(url, pid, log, "args") if verb in t.name)
-        check(harness.run(target, SEED, COUNT))
+def test_extender(work, verb):
+    """The extender as deployed (one worker), its cache listed from a fake API that
+    holds the nodes the bodies name."""
+    with servers.extender_fake_cluster(work) as (url, pid, log):
+        targets = servers.extender_targets(url, pid, log, "fake API")
+        check(harness.run(next(t for t in targets if verb in t.name), SEED, COUNT))
 
 
 def test_webhook_over_tls(work):

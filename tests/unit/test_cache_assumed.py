@@ -26,7 +26,7 @@ def world():
     core = FakeCore([make_node(n, 8) for n in NODES], [])
     clock = Clock()
     cache = synced_cache(core=core, monotonic=clock, clock=lambda: 1_800_000_000.0)
-    client = create_app(node_source="cluster", cache=cache).test_client()
+    client = create_app(cache=cache).test_client()
     core.list_pod_for_all_namespaces.wait_for_watch(1)
     yield core, cache, client, clock
     cache.stop()

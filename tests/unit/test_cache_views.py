@@ -82,7 +82,7 @@ def test_while_views_fail_to_build_the_verbs_answer_from_the_last_good_one(monke
 
     cache = synced_cache([make_node("n1", 8), make_node("n2", 8)])
     try:
-        client = create_app(node_source="cluster", cache=cache).test_client()
+        client = create_app(cache=cache).test_client()
         cache.view()
         real = cache._build_view
 

@@ -182,7 +182,7 @@ def cluster():
     remembered: list = []
     explainer = Explainer(lambda b: None)
     explainer.remember = remembered.append  # type: ignore[method-assign]
-    app = create_app(node_source="cluster", cache=cache, explainer=explainer)
+    app = create_app(cache=cache, explainer=explainer)
     yield app.test_client(), cache, remembered
     cache.stop()
 
@@ -226,7 +226,7 @@ def test_a_pod_with_preferences_gets_every_node_that_fits_and_prioritize(cluster
 
 def test_with_filter_chooses_off_every_node_that_fits_goes_back(cluster):
     _, cache, _ = cluster
-    both = create_app(ExtenderConfig(filter_chooses=False), node_source="cluster", cache=cache)
+    both = create_app(ExtenderConfig(filter_chooses=False), cache=cache)
     body = post(both.test_client(), "filter", make_pod("p", 2), ["c", "b", "a"])
     assert body["NodeNames"] == ["c", "b", "a"]
 
@@ -235,7 +235,7 @@ def remembering_app(cache):
     remembered: list = []
     explainer = Explainer(lambda b: None)
     explainer.remember = remembered.append  # type: ignore[method-assign]
-    return create_app(node_source="cluster", cache=cache, explainer=explainer), remembered
+    return create_app(cache=cache, explainer=explainer), remembered
 
 
 def test_a_soft_tainted_node_is_passed_over_unless_tolerated():
@@ -284,22 +284,12 @@ def test_a_pick_with_no_scoring_policy_is_not_told_as_the_only_fit():
         explainer = Explainer(lambda b: None)
         explainer.remember = remembered.append  # type: ignore[method-assign]
         cfg = ExtenderConfig(disabled=frozenset(every))
-        app = create_app(cfg, node_source="cluster", cache=cache, explainer=explainer)
+        app = create_app(cfg, cache=cache, explainer=explainer)
         assert post(app.test_client(), "filter", make_pod("p", 1), ["a", "b"])["NodeNames"] == ["a"]
         message = explain(remembered[0], "a")
         assert "the only one" not in message and "rank 1 of 2" in message, message
     finally:
         cache.stop()
-
-
-def test_args_mode_never_picks():
-    client = create_app().test_client()
-    nodes = [make_node("a", 8), make_node("b", 8)]
-    response = client.post(
-        "/filter", json={"Pod": make_pod("p", 1), "Nodes": {"items": nodes}, "NodeNames": None}
-    )
-    names = [n["metadata"]["name"] for n in response.get_json()["Nodes"]["items"]]
-    assert names == ["a", "b"]
 
 
 def test_the_event_says_the_extender_broke_the_tie():

@@ -236,7 +236,7 @@ def test_the_engines_parts_are_read_as_plain_lists_are():
         NodeFacts(f"n{i}", 8, labelled_gpu=True, product=p, capacity_type=c, zone="z")
         for i, (p, c) in enumerate([("A", "spot"), ("B", None), ("A", None), ("B", "spot")])
     ]
-    view = View(nodes={n.name: n for n in nodes}, used={"n0": 6, "n2": 2}, knows_usage=True)
+    view = View(nodes={n.name: n for n in nodes}, used={"n0": 6, "n2": 2})
     cfg = ExtenderConfig()
     for candidates in (nodes, [*nodes[:2], None, *nodes[2:]]):
         names = [n.name if n is not None else "gone" for n in candidates]

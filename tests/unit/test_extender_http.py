@@ -1,5 +1,6 @@
-"""The extender over HTTP: a real gunicorn process (args mode) and the Flask app with a
-filled cluster cache (cluster mode), speaking JSON in the exact upstream shape."""
+"""The extender over HTTP: a real gunicorn process (its cache listed from a fake API,
+tests/fake_extender.py) and the Flask app with a filled cluster cache, speaking JSON
+in the exact upstream shape."""
 
 from __future__ import annotations
 
@@ -14,63 +15,51 @@ from extender.cache import ClusterCache
 from gpu_scheduler import contract
 from tests.factories import make_node, make_pod
 from tests.fakeapi import synced_cache
-from tests.fuzz.servers import extender_args_mode
+from tests.fuzz.servers import extender_fake_cluster
 from tests.helpers import wait_for
 
 H100 = dict(product="NVIDIA-H100-80GB-HBM3", memory_mib=81559)
 
 
-def args_body(pod, nodes):
-    # json.Marshal(ExtenderArgs) with nodeCacheCapable false: NodeNames is null.
-    return {"Pod": pod, "Nodes": {"metadata": {}, "items": nodes}, "NodeNames": None}
-
-
 def names_body(pod, names):
+    # json.Marshal(ExtenderArgs) with nodeCacheCapable true: Nodes is null.
     return {"Pod": pod, "Nodes": None, "NodeNames": names}
 
 
 @pytest.fixture(scope="module")
 def extender_url(tmp_path_factory):
-    with extender_args_mode(tmp_path_factory.mktemp("extender")) as (url, _pid, _log):
+    nodes = [
+        make_node("h", 8, **H100),
+        make_node("cpu"),
+        make_node("small", 1, **H100),
+        make_node("a", 8, **H100),
+        make_node("b", 2, **H100),
+    ]
+    work = tmp_path_factory.mktemp("extender")
+    with extender_fake_cluster(work, nodes=nodes) as (url, _pid, _log):
         yield url
 
 
-def test_filter_args_mode_echoes_passing_node_objects(extender_url):
-    nodes = [make_node("h", 8, **H100), make_node("cpu"), make_node("small", 1, **H100)]
-    r = requests.post(extender_url + "/filter", json=args_body(make_pod(gpus=2), nodes))
+def test_filter_answers_node_names(extender_url):
+    r = requests.post(
+        extender_url + "/filter", json=names_body(make_pod(gpus=2), ["h", "cpu", "small"])
+    )
     assert r.status_code == 200 and r.headers["Content-Type"] == "application/json"
     body = r.json()
-    assert set(body) == {"Nodes", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+    assert set(body) == {"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
     assert body["Error"] == ""
-    assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["h"]
-    assert body["Nodes"]["items"][0] == nodes[0]  # the whole object, unchanged
+    assert body["NodeNames"] == ["h"]
     assert set(body["FailedAndUnresolvableNodes"]) == {"cpu", "small"}
     assert body["FailedNodes"] == {}
 
 
-def test_prioritize_args_mode_returns_host_priority_list(extender_url):
-    nodes = [make_node("a", 8, **H100), make_node("b", 2, **H100)]
-    r = requests.post(extender_url + "/prioritize", json=args_body(make_pod(gpus=2), nodes))
+def test_prioritize_returns_host_priority_list(extender_url):
+    r = requests.post(extender_url + "/prioritize", json=names_body(make_pod(gpus=2), ["a", "b"]))
     assert r.status_code == 200
     body = r.json()
     assert [h["Host"] for h in body] == ["a", "b"]
     assert all(set(h) == {"Host", "Score"} and type(h["Score"]) is int for h in body)
-    # Args mode sees no pods, so it does not pretend to binpack (b only looks fuller):
-    # kube-scheduler's MostAllocated, which sees real usage, decides that.
-    assert body[0]["Score"] == body[1]["Score"]
-    spot = [make_node("a", 8, capacity_type="SPOT", **H100), make_node("b", 2, **H100)]
-    pod = make_pod(gpus=2, annotations={contract.ANN_SPOT: "prefer"})
-    scores = [
-        h["Score"]
-        for h in requests.post(extender_url + "/prioritize", json=args_body(pod, spot)).json()
-    ]
-    assert scores[0] > scores[1]  # what the Node objects do say still scores
-
-
-def test_node_names_in_args_mode_is_a_clear_400(extender_url):
-    r = requests.post(extender_url + "/filter", json=names_body(make_pod(), ["a"]))
-    assert r.status_code == 400
-    assert "nodeCacheCapable: false" in r.json()["error"]
+    assert all(0 <= h["Score"] <= 10 for h in body)
 
 
 @pytest.mark.parametrize(
@@ -79,16 +68,16 @@ def test_node_names_in_args_mode_is_a_clear_400(extender_url):
         (b"not json", "not JSON"),
         (b"", "empty request body"),
         (b"[1, 2]", "must be a JSON object"),
-        (b'{"Nodes": {"items": []}}', "ExtenderArgs.Pod must be an object, not null"),
+        (b'{"NodeNames": []}', "ExtenderArgs.Pod must be an object, not null"),
         (b'{"Pod": "x", "NodeNames": []}', "ExtenderArgs.Pod must be an object, not a string"),
-        (b'{"Pod": {"metadata": {}, "spec": {}}}', "neither Nodes nor NodeNames"),
+        (b'{"Pod": {"metadata": {}, "spec": {}}}', "ExtenderArgs carries no NodeNames"),
         (
-            b'{"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": "x"}}',
-            "ExtenderArgs.Nodes.items must be an array",
+            b'{"Pod": {"metadata": {}, "spec": {}}, "NodeNames": {"a": 1}}',
+            "ExtenderArgs.NodeNames must be an array, not an object",
         ),
         (
-            b'{"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": [{}]}}',
-            "ExtenderArgs.Nodes.items[0].metadata.name must be a node name",
+            b'{"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": []}, "NodeNames": null}',
+            "set nodeCacheCapable: true",
         ),
         (
             b'{"Pod": {"metadata": {}, "spec": {}}, "NodeNames": ["a", 1]}',
@@ -107,7 +96,7 @@ def test_bad_input_is_a_400_with_a_reason_and_the_worker_lives(extender_url, ver
     )
     assert r.status_code == 400, r.text
     assert needle in r.json()["error"]
-    ok = requests.post(f"{extender_url}/{verb}", json=args_body(make_pod(), []))
+    ok = requests.post(f"{extender_url}/{verb}", json=names_body(make_pod(), []))
     assert ok.status_code == 200
 
 
@@ -128,32 +117,18 @@ def test_bad_input_is_a_400_with_a_reason_and_the_worker_lives(extender_url, ver
     ],
 )
 def test_a_malformed_pod_fails_every_node_naming_the_field(extender_url, pod, field):
-    nodes = [make_node("a", 8, **H100), make_node("b", 2, **H100)]
-    r = requests.post(extender_url + "/filter", json=args_body(pod, nodes))
+    r = requests.post(extender_url + "/filter", json=names_body(pod, ["a", "b"]))
     assert r.status_code == 200, r.text
     body = r.json()
-    if field is None:
-        assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["a", "b"]
+    if field is None:  # both fit; the filter answers the one it ranks first
+        assert body["FailedNodes"] == body["FailedAndUnresolvableNodes"] == {}
+        assert len(body["NodeNames"]) == 1 and set(body["NodeNames"]) <= {"a", "b"}
         return
-    assert body["Nodes"]["items"] == [] and body["FailedNodes"] == {}
+    assert body["NodeNames"] == [] and body["FailedNodes"] == {}
     assert set(body["FailedAndUnresolvableNodes"]) == {"a", "b"}
     assert all(field in reason for reason in body["FailedAndUnresolvableNodes"].values())
-    r = requests.post(extender_url + "/prioritize", json=args_body(pod, nodes))
+    r = requests.post(extender_url + "/prioritize", json=names_body(pod, ["a", "b"]))
     assert r.status_code == 200 and [h["Score"] for h in r.json()] == [0, 0]
-
-
-def test_a_node_nested_too_deep_to_echo_fails_alone(extender_url):
-    deep: object = "x"
-    for _ in range(300):
-        deep = [deep]
-    odd = make_node("deep", 8, **H100)
-    odd["spec"]["extra"] = deep
-    nodes = [make_node("a", 8, **H100), odd]
-    r = requests.post(extender_url + "/filter", json=args_body(make_pod(gpus=1), nodes))
-    assert r.status_code == 200, r.text
-    body = r.json()
-    assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["a"]
-    assert "nests too deep" in body["FailedAndUnresolvableNodes"]["deep"]
 
 
 def test_huge_values_come_back_truncated(extender_url):
@@ -162,7 +137,7 @@ def test_huge_values_come_back_truncated(extender_url):
     assert r.status_code == 400
     assert len(r.content) < 8192 and "must be a node name" in r.json()["error"]
     pod = make_pod(gpus=1, annotations={contract.ANN_PLACEMENT: huge})
-    r = requests.post(extender_url + "/filter", json=args_body(pod, [make_node("a", 8, **H100)]))
+    r = requests.post(extender_url + "/filter", json=names_body(pod, ["a"]))
     reason = r.json()["FailedAndUnresolvableNodes"]["a"]
     assert len(reason) < 4096 and "truncated" in reason
 
@@ -185,7 +160,7 @@ def test_oversized_body_is_refused_before_it_is_read(extender_url):
 def test_ops_endpoints(extender_url):
     assert requests.get(extender_url + "/healthz").json() == {"status": "ok"}
     assert requests.get(extender_url + "/readyz").status_code == 200
-    requests.post(extender_url + "/filter", json=args_body(make_pod(), [make_node("a", 1)]))
+    requests.post(extender_url + "/filter", json=names_body(make_pod(), ["a"]))
     text = requests.get(extender_url + "/metrics").text
     assert 'gpu_scheduler_extender_requests_total{code="200",verb="filter"}' in text
     assert "gpu_scheduler_extender_request_seconds_bucket" in text
@@ -210,7 +185,7 @@ def cluster_client():
         ],
         clock=lambda: 1_800_000_000.0,
     )
-    app = create_app(node_source="cluster", cache=cache)
+    app = create_app(cache=cache)
     yield app.test_client(), cache
     cache.stop()
 
@@ -232,10 +207,25 @@ def test_cluster_mode_answers_with_node_names_and_counts_running_pods(cluster_cl
     assert scores["a"] > scores["b"]  # binpack: a has 2 free, b has 8
 
 
-def test_cluster_mode_accepts_node_objects_too_and_uses_the_pod_cache(cluster_client):
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "preempt"])
+def test_node_objects_are_a_400_that_names_node_cache_capable(cluster_client, verb):
+    """kube-scheduler with ``nodeCacheCapable: false`` sends whole Node objects (and a
+    preemption's victims as Pod objects): the extender decides from its own cache, by
+    name, and says what to set."""
     client, _ = cluster_client
-    r = client.post("/filter", json=args_body(make_pod(gpus=4), [make_node("a", 8, **H100)]))
-    assert r.get_json()["FailedNodes"] == {"a": "2 of 8 GPUs free; pod requests 4"}
+    pod = make_pod(gpus=4)
+    if verb == "preempt":
+        victim = make_pod("r1", 6, node="a", phase="Running")
+        body = {"Pod": pod, "NodeNameToVictims": {"a": {"Pods": [victim]}}}
+    else:
+        nodes = {"metadata": {}, "items": [make_node("a", 8, **H100)]}
+        body = {"Pod": pod, "Nodes": nodes, "NodeNames": None}
+    r = client.post(f"/{verb}", json=body)
+    assert r.status_code == 400, r.get_data(as_text=True)
+    error = r.get_json()["error"]
+    assert "nodeCacheCapable: false" in error
+    assert "set nodeCacheCapable: true in the extender's entry" in error
+    assert "KubeSchedulerConfiguration" in error
 
 
 def test_cluster_mode_before_the_first_list_answers_an_error_and_is_not_ready():
@@ -245,7 +235,7 @@ def test_cluster_mode_before_the_first_list_answers_an_error_and_is_not_ready():
     core.list_node.hold.set()  # the first list of nodes does not come back yet
     cache = ClusterCache()
     cache.start(core)
-    client = create_app(node_source="cluster", cache=cache).test_client()
+    client = create_app(cache=cache).test_client()
     try:
         ready = client.get("/readyz")
         assert ready.status_code == 503 and "first list of nodes" in ready.get_json()["detail"]
@@ -279,7 +269,7 @@ def test_group_zone_via_cache(cluster_client):
 
 
 def test_chunked_body_without_content_length(extender_url):
-    body = json.dumps(args_body(make_pod(gpus=1), [make_node("a", 8, **H100)])).encode()
+    body = json.dumps(names_body(make_pod(gpus=1), ["a"])).encode()
 
     def chunks():
         for i in range(0, len(body), 100):
@@ -289,7 +279,7 @@ def test_chunked_body_without_content_length(extender_url):
         extender_url + "/filter", data=chunks(), headers={"Content-Type": "application/json"}
     )
     assert r.status_code == 200
-    assert [n["metadata"]["name"] for n in r.json()["Nodes"]["items"]] == ["a"]
+    assert r.json()["NodeNames"] == ["a"]
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,6 @@ def View(used=None, groups=None, pressure=None, nodes=None, **kw):
         pressure=pressure or {},
         nodes=nodes or {},
         now=NOW,
-        knows_usage=True,
         age=1.0,
         **kw,
     )

@@ -72,7 +72,7 @@ def make_world():
         pods = [share_pod("p1", 40, node="s1"), make_pod("p2", 1, node="s2", phase="Running")]
         cache = synced_cache(nodes, [*pods, *extra], clock=lambda: 1_800_000_000.0)
         caches.append(cache)
-        return create_app(node_source="cluster", cache=cache).test_client(), cache
+        return create_app(cache=cache).test_client(), cache
 
     yield make
     for cache in caches:

@@ -10,10 +10,10 @@ import requests
 
 from certs import build, store
 from tests.factories import make_node, make_pod
-from tests.fuzz.servers import extender_args_mode
+from tests.fuzz.servers import extender_fake_cluster
 from tests.helpers import free_port
 
-BODY = {"Pod": make_pod(gpus=1), "Nodes": {"items": [make_node("a", 8)]}}
+BODY = {"Pod": make_pod(gpus=1), "NodeNames": ["a"]}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,8 @@ def server(pki, tmp_path_factory):
         f"--client-ca={pki / 'extender' / 'ca.crt'}",
         f"--ops-port={ops}",
     )
-    with extender_args_mode(tmp_path_factory.mktemp("tls"), 1, *args) as (url, _pid, _log):
+    work = tmp_path_factory.mktemp("tls")
+    with extender_fake_cluster(work, 1, *args, nodes=[make_node("a", 8)]) as (url, _pid, _log):
         yield url, f"http://127.0.0.1:{ops}"
 
 

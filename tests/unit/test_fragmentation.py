@@ -36,7 +36,6 @@ def view(nodes, used=None, cpu=None, ram=None, mix=()):
             for n in nodes
         },
         mix=tuple(mix),
-        knows_usage=True,
     )
 
 
@@ -181,12 +180,11 @@ def test_unknown_cpu_and_memory_do_not_limit():
     assert score == pytest.approx(0.0)
 
 
-def test_it_abstains_without_gpus_usage_or_mix():
+def test_it_abstains_without_gpus_or_mix():
     policy = FragmentationPolicy()
     mix = (MixEntry(ANY_1, 1.0),)
     assert policy.pre_score(pod(0), view([], mix=mix)) is None
     assert policy.pre_score(pod(), view([])) is None  # nothing bound yet: no mix
-    assert policy.pre_score(pod(), View(mix=mix)) is None  # args mode: usage unknown
 
 
 def test_the_cache_keeps_cpu_memory_and_the_mix_of_bound_gpu_pods():

@@ -49,7 +49,7 @@ def make_client():
         if leases:
             cache.replace_leases([make_lease(n, RENEWED) for n in leases])
         caches.append(cache)
-        return create_app(node_source="cluster", cache=cache).test_client()
+        return create_app(cache=cache).test_client()
 
     yield make
     for cache in caches:
@@ -178,18 +178,6 @@ def test_a_share_needs_one_gpu_freed_not_the_node_total(make_client):
     pod["spec"]["priority"] = 1000
     answer = ask(client, pod, {"s": (["a"], 0)})
     assert answer == {"s": (sorted([uid("a"), uid("c")]), 0)}
-
-
-def test_the_victims_may_come_as_pod_objects(make_client):
-    client = make_client([make_node("n", 8, **H100)], [low(f"t{i}", 2, "n") for i in range(4)])
-    body = {
-        "Pod": preemptor(2),
-        "NodeNameToVictims": {"n": {"Pods": [low("t0", 2, "n")], "NumPDBViolations": 0}},
-    }
-    answer = client.post("/preempt", json=body).get_json()
-    assert answer == {
-        "NodeNameToMetaVictims": {"n": {"Pods": [{"UID": uid("t0")}], "NumPDBViolations": 0}}
-    }
 
 
 @pytest.mark.parametrize(

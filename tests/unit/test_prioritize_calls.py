@@ -35,9 +35,9 @@ def cluster():
     explainer = Explainer(lambda b: None)
     explainer.remember = remembered.append  # type: ignore[method-assign]
     both = ExtenderConfig(filter_chooses=False)
-    app = create_app(both, node_source="cluster", cache=cache, explainer=explainer)
+    app = create_app(both, cache=cache, explainer=explainer)
     # The same cache behind a second app that is only ever asked prioritize.
-    fresh = create_app(both, node_source="cluster", cache=cache)
+    fresh = create_app(both, cache=cache)
     yield app.test_client(), fresh.test_client(), cache, remembered
     cache.stop()
 

@@ -31,7 +31,7 @@ def cluster():
         [HOLDER] + [make_pod(f"h{i}", 8, node=f"n{i}", phase="Running") for i in range(8)],
     )
     cache = synced_cache(core=core)
-    yield create_app(node_source="cluster", cache=cache).test_client(), cache, core
+    yield create_app(cache=cache).test_client(), cache, core
     cache.stop()
 
 
@@ -253,7 +253,7 @@ def test_a_dra_device_taint_cleared_behind_the_watch_is_read_again():
     core = FakeCore([make_node("dra"), make_node("dp", 8, **H100)])
     cache = synced_cache(core=core, resource=ResourceApi())
     try:
-        client = create_app(node_source="cluster", cache=cache).test_client()
+        client = create_app(cache=cache).test_client()
         wait_for(lambda: "dra" in cache.view().nodes and cache.view().nodes["dra"].dra, 5, "DRA")
         healed = resource_slice("dra", [gpu_device(i, "NVIDIA L4", 23034) for i in range(4)])
         ResourceApi.list_resource_slice.change(healed)
@@ -323,7 +323,7 @@ def test_a_filter_that_read_its_candidates_again_keeps_its_own_log_line(cluster,
     _, cache, core = cluster
     # kube-scheduler picks here (a filter that picks always keeps its line)
     both = ExtenderConfig(filter_chooses=False)
-    client = create_app(both, node_source="cluster", cache=cache).test_client()
+    client = create_app(both, cache=cache).test_client()
     for i in (0, 1):
         core.list_pod_for_all_namespaces.remove(f"h{i}")  # freed; the watch is behind
     with caplog.at_level("INFO", logger="extender"):

@@ -336,7 +336,7 @@ def test_affinity_config_errors(data, reason):
 # --- equivalence with the extender ---------------------------------------------------------
 PRODUCTS = ["NVIDIA-H100-80GB-HBM3", "NVIDIA-L4", "NVIDIA-A100-SXM4-40GB", "Tesla-T4"]
 EXTENDER = build_policies(ExtenderConfig())
-VIEW = View(used={}, groups={}, pressure={}, nodes={}, now=1.8e9, knows_usage=True, age=1.0)
+VIEW = View(used={}, groups={}, pressure={}, nodes={}, now=1.8e9, age=1.0)
 
 
 @st.composite

@@ -15,7 +15,7 @@ import requests
 from gpu_scheduler.worker import MAX_HEAD, RequestFraming
 from tests.factories import make_node, make_pod
 from tests.fuzz.harness import cpu_ns, worker_pids
-from tests.fuzz.servers import extender_args_mode
+from tests.fuzz.servers import extender_fake_cluster
 
 SERVICE = "gpu-scheduler-webhook.gpu-scheduler.svc"
 GET = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -89,7 +89,8 @@ def test_framing_it_does_not_judge_is_left_to_gunicorn(head):
 @pytest.fixture(scope="module")
 def extender_server(tmp_path_factory):
     work = tmp_path_factory.mktemp("slow")
-    with extender_args_mode(work, 1, "--threads=2", "--request-deadline=1s") as (url, pid, _):
+    args = ("--threads=2", "--request-deadline=1s")
+    with extender_fake_cluster(work, 1, *args, nodes=[make_node("a", 8)]) as (url, pid, _):
         yield int(url.rsplit(":", 1)[1]), pid
 
 
@@ -99,7 +100,7 @@ def extender(extender_server):
 
 
 def filter_once(port: int) -> float:
-    body = {"Pod": make_pod(gpus=1), "Nodes": {"items": [make_node("a", 8)]}}
+    body = {"Pod": make_pod(gpus=1), "NodeNames": ["a"]}
     started = time.monotonic()
     r = requests.post(f"http://127.0.0.1:{port}/filter", json=body, timeout=5)
     assert r.status_code == 200
