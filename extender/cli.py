@@ -45,6 +45,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="PORT",
         help="also serve /healthz, /readyz and /metrics in the clear on PORT (never the verbs)",
     )
+    # 0.1.0's manifests pass --node-source=cluster: still accepted, and nothing else
+    parser.add_argument("--node-source", help=argparse.SUPPRESS)
     add_cert_reload_option(parser)
 
 
@@ -52,6 +54,12 @@ def run(args: argparse.Namespace) -> int:
     from gpu_scheduler.durations import parse_duration
     from gpu_scheduler.serving import metrics_dir_for, serve
 
+    if args.node_source not in (None, "cluster"):
+        return fail(
+            "extender",
+            f"--node-source {args.node_source}: the extender always keeps its cluster "
+            "cache now (args mode is gone); drop the flag and set nodeCacheCapable: true",
+        )
     workers = args.workers or 1
     try:
         server = server_settings(args, workers)

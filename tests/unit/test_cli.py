@@ -19,3 +19,15 @@ def test_building_the_parser_loads_nothing_heavy():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_extender_refuses_args_mode_and_takes_the_old_cluster_flag(capsys):
+    import argparse
+
+    from extender import cli
+
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    assert parser.parse_args(["--node-source=cluster"]).node_source == "cluster"
+    assert cli.run(parser.parse_args(["--node-source=args"])) == 2
+    assert "nodeCacheCapable: true" in capsys.readouterr().err
