@@ -46,7 +46,8 @@ VIEW_MAX_AGE = 1.0
 #: While requests are coming (one read the view within this many seconds), the watch
 #: thread that changed the cache builds the next view itself, at most once every
 #: :data:`EAGER_GAP` seconds (a burst of events costs one build per gap, and the
-#: request after the burst builds the last one).
+#: request after the burst builds the last one). With layered.py's maps it saves
+#: 10-12% of a call at 500 candidates while pods are being bound (docs/BENCHMARKS.md).
 READERS_ACTIVE = 2.0
 EAGER_GAP = 0.004
 

@@ -8,7 +8,8 @@ extender's own watch of the same objects may not have delivered it yet. Measured
 the GPU-health e2e on a loaded machine: the agent's patch that healed a GPU, and a
 filter call that still saw the GPU sick, were 1 ms apart. Answered from that view,
 the pod is parked as unschedulable until the next cluster event; in a quiet cluster
-that is kube-scheduler's 5-minute flush of its unschedulable pods.
+that is kube-scheduler's 5-minute flush of its unschedulable pods. Without the
+recheck, the watch-behind fault tests (tests/e2e/test_faults.py) wait out that flush.
 
 So when filter would pass none of at most :data:`MAX_NODES` candidates, it reads
 those Nodes and the pods bound to them from the API server (quorum reads), and on a
