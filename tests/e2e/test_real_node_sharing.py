@@ -252,6 +252,7 @@ def test_a_kubelet_restart_keeps_what_was_allocated(shared):
     before = {n: core.read_namespaced_pod(n, "default") for n in ("share-a", "share-c")}
     report = (_node(shared).metadata.annotations or {})[contract.ANN_GPU_SHARES]
     socket = PLUGINS / "gpu-scheduler-gpu-memory.sock"
+
     def identity() -> tuple[int, int] | None:
         try:
             status = socket.stat()
