@@ -300,7 +300,7 @@ class Explainer:
         self._decisions: OrderedDict[str, tuple[float, Decision]] = OrderedDict()
         #: Pods whose decision is remembered after their answer went out (a filter
         #: that picks): the node the watch saw them bound to first, if it was quicker.
-        self._expected: OrderedDict[str, tuple[float, str | None]] = OrderedDict()
+        self._expected: OrderedDict[str, str | None] = OrderedDict()
         self._lock = threading.Lock()
         self._capacity, self._ttl = capacity, ttl
         self._bucket = TokenBucket(rate, burst, clock)
@@ -334,24 +334,18 @@ class Explainer:
         kube-scheduler may bind it, and the watch deliver that, first. Call before
         the answer goes out."""
         with self._lock:
-            self._expected[uid] = (self._clock(), None)
-            self._expected.move_to_end(uid)
-            while len(self._expected) > self._capacity:
-                self._expected.popitem(last=False)
+            self._keep(self._expected, uid, None)
 
     def remember(self, d: Decision) -> None:
         if not d.uid or not d.top:
             return
         now = self._clock()
         with self._lock:
-            early = self._expected.pop(d.uid, None)
-            if early is None or early[1] is None:  # not bound yet (the usual order)
-                self._decisions[d.uid] = (now, d)
-                self._decisions.move_to_end(d.uid)
-                while len(self._decisions) > self._capacity:
-                    self._decisions.popitem(last=False)
+            node = self._expected.pop(d.uid, None)
+            if node is None:  # not bound yet (the usual order)
+                self._keep(self._decisions, d.uid, (now, d))
                 return
-        self._enqueue(d, early[1])  # the watch saw it bound before this
+        self._enqueue(d, node)  # the watch saw it bound before this
 
     def bound(self, uid: str, node: str) -> None:
         """The watch saw pod ``uid`` bound to ``node``: queue its Event, if we scored it
@@ -360,10 +354,18 @@ class Explainer:
             entry = self._decisions.pop(uid, None)
             if entry is None:
                 if uid in self._expected:
-                    self._expected[uid] = (self._expected[uid][0], node)
+                    self._expected[uid] = node
                 return
         if self._clock() - entry[0] <= self._ttl:
             self._enqueue(entry[1], node)
+
+    def _keep(self, kept: OrderedDict[str, Any], uid: str, value: Any) -> None:
+        """``kept[uid] = value``, newest last, the oldest dropped past the capacity
+        (the caller holds the lock)."""
+        kept[uid] = value
+        kept.move_to_end(uid)
+        while len(kept) > self._capacity:
+            kept.popitem(last=False)
 
     def _enqueue(self, d: Decision, node: str) -> None:
         try:
