@@ -68,11 +68,12 @@ def filter_nodes(
             if before is not None and before.unresolvable:
                 continue  # the strongest verdict is in
             code = int(codes[j])
+            unresolvable = code in policy.unresolvable
             # First failure wins, except that an unresolvable one overrides a
             # resolvable one: preemption or waiting cannot help that node.
-            if before is None or code in policy.unresolvable:
+            if before is None or unresolvable:
                 reason = policy.word(state, code, batch.facts(j), view)
-                verdicts[j] = Failure(reason, code in policy.unresolvable)
+                verdicts[j] = Failure(reason, unresolvable)
     passed, failed, unresolvable = out.passed, out.failed, out.unresolvable
     if not verdicts and batch.where is None:  # usual: every node passes
         passed.extend(names)
