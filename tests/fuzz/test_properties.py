@@ -83,4 +83,10 @@ def test_webhook_answers_any_review_or_says_why_not(body):
     except BadInput as exc:
         assert len(str(exc)) <= 2200
         return
-    assert answer["response"]["allowed"] is True
+    response = answer["response"]
+    if response["allowed"] is False:  # a pod the webhook refuses (a nonsense GPU share)
+        status = response["status"]
+        assert status["code"] == 422 and status["message"].startswith("gpu-scheduler: ")
+        assert len(status["message"]) <= 2200
+        return
+    assert response["allowed"] is True
