@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 from flask import Flask
 
-from extender import choice, cluster, metrics, preemption, wire
+from extender import choice, cluster, metrics, nominated, preemption, wire
 from extender.cache import ClusterCache
 from extender.config import ExtenderConfig, load_config
 from extender.endpoints import Call, Endpoints, Then, VerbGuard
@@ -40,6 +40,7 @@ from extender.policies import Policy, build_policies
 from extender.policies.gpu import share_gpu
 from extender.policies.group import group_state
 from extender.records import object_key
+from gpu_scheduler import podspec
 from gpu_scheduler.http import install_ops_endpoints
 
 log = logging.getLogger("extender")
@@ -82,6 +83,10 @@ class Decider:
             return orjson.dumps(wire.error_result(message)), {"retry": "unknown-nodes"}, None
         req, outcome, rechecked = self._recheck(req, outcome)
         uid = _uid(req.args.pod)
+        if req.view.nominated:  # preemptors waiting for their victims (extender/nominated.py)
+            outcome = nominated.hold(
+                req.pod, uid, _priority(req.args.pod), outcome, req.view, self.policies
+            )
         if self.explainer is not None and req.pod.gpus and uid and len(outcome.passed) == 1:
             self.explainer.remember(
                 only_fit(
@@ -266,6 +271,11 @@ def _health(facts: NodeFacts | None) -> tuple[int, int] | None:
     if facts is None or not facts.unhealthy:
         return None
     return facts.usable, facts.allocatable
+
+
+def _priority(pod: Any) -> int:
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    return podspec.pod_priority(spec) if isinstance(spec, dict) else 0
 
 
 def _uid(pod: Any) -> str | None:

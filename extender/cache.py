@@ -1,12 +1,11 @@
-"""The cluster cache the extender decides from: list+watch of Nodes, bound Pods, the
-agents' heartbeat Leases and the DRA kinds, one :class:`~extender.reflector.Reflector`
-thread per kind (extender/sources.py); filter's recheck (extender/recheck.py) reads a
-few Nodes and their pods again when the watch may be behind. It keeps only what the
-policies read: :class:`NodeFacts` per node, and per bound, non-terminal pod its node,
-GPUs and placement group. Requests never read the live state: each takes a
-:class:`~extender.view.View`, an immutable snapshot rebuilt when something changed
-(or a second passed), so concurrent events never tear what a request sees.
-"""
+"""The cluster cache the extender decides from: list+watch of Nodes, bound and pending
+Pods (cache_pending.py), the agents' heartbeat Leases and the DRA kinds, a
+:class:`~extender.reflector.Reflector` thread per kind (extender/sources.py); filter's
+recheck (extender/recheck.py) reads a few Nodes and their pods again when the watch may
+be behind. It keeps only what the policies read: :class:`NodeFacts` per node, and per
+bound, non-terminal pod its node, GPUs and placement group. Requests take a
+:class:`~extender.view.View`, an immutable snapshot rebuilt when something changed (or a
+second passed), so concurrent events never tear what a request sees."""
 
 from __future__ import annotations
 
@@ -22,6 +21,7 @@ from typing import Any
 from extender import dra_index, metrics
 from extender.cache_assumed import AssumedPicks
 from extender.cache_dra import DraEvents
+from extender.cache_pending import PendingPods
 from extender.cache_recheck import RecheckAccess
 from extender.cache_shares import PodAccounting
 from extender.columns import FreeState, NodeTable, free_state
@@ -52,7 +52,7 @@ READERS_ACTIVE = 2.0
 EAGER_GAP = 0.004
 
 
-class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PodAccounting):
+class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PendingPods, PodAccounting):
     """Node facts and GPU use, kept current by list+watch; :meth:`view` for readers."""
 
     def __init__(
@@ -82,8 +82,7 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PodAccounting):
         # The uids of each node's pods, so that a recheck reads a node's few pods
         # without walking all 50,000 under the lock.
         self._node_pods: dict[str, list[str]] = {}
-        # (Layered: a view's copy costs the changes since the last, not 5,000 entries)
-        self._used: Layered[str, int] = Layered()
+        self._used: Layered[str, int] = Layered()  # a view's copy: the changes since the last
         self._groups: dict[tuple[str, str], dict[str, int]] = {}
         # GPUs per product (allocatable), GPUs asked by bound pods restricted to a product
         # (split over the products they accept), and GPUs asked by all bound GPU pods.
@@ -99,6 +98,7 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PodAccounting):
         # The same facts and FreeState as rows (extender.columns), for the hot path.
         self._table = NodeTable()
         self._init_accounting()  # extender/cache_shares.py
+        self._init_pending()  # extender/cache_pending.py
         self._lock = threading.RLock()  # re-entered by the recheck's apply_unless_moved
         # Per node, the number of the last change to what the recheck reads of it (its
         # Node, pods, slices: extender/cache_recheck.py); a relist starts a new epoch.
@@ -210,6 +210,7 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PodAccounting):
             stale=age is None or age > STALE_AFTER,
             version=version,
             table=table,
+            nominated=self._nominated_snapshot(),
         )
         self._view = snap
         if self._degraded is not None:

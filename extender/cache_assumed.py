@@ -43,6 +43,7 @@ class AssumedPicks:
     _account: Callable[[PodRecord, int], None]
     _refresh_free: Callable[[str], None]
     _touch: Callable[..., None]
+    picked_at: Callable[[str, Mapping[str, Any]], None]
 
     def assume(self, pod: Mapping[str, Any], node: str) -> None:
         """The filter picked ``node`` for ``pod``: count it there from now on."""
@@ -58,6 +59,7 @@ class AssumedPicks:
                 return  # the watch has it bound already
             self._place(uid, record, self._unplace(uid))
             self._assumed[uid] = (self._monotonic() + ASSUME_TTL, record)
+            self.picked_at(uid, pod)
             self._pod_version += 1
         metrics.child(metrics.CACHE_OBJECTS, "assumed").set(len(self._assumed))
 

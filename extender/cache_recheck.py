@@ -41,6 +41,7 @@ class RecheckAccess:
     _nodes: dict[str, NodeFacts]
     _free: Mapping[str, Any]
     _pods: dict[str, PodRecord]
+    _assumed: dict[str, tuple[float, PodRecord]]
     _node_pods: dict[str, list[str]]
     _dra: DraIndex
     _marks: dict[str, int]
@@ -60,7 +61,12 @@ class RecheckAccess:
     def recheck_snapshot(self, name: str) -> Snapshot:
         slices = self.reflectors.get("resourceslices")
         with self._lock:
-            pods = {uid: self._pods[uid] for uid in self._node_pods.get(name, ())}
+            # Not the picks waiting for their binding (at Permit, or binding): the API
+            # server has them unbound, which says nothing of whether they will bind.
+            assumed = self._assumed
+            pods = {
+                uid: self._pods[uid] for uid in self._node_pods.get(name, ()) if uid not in assumed
+            }
             return Snapshot(
                 self._mark(name),
                 self._base.get(name),

@@ -49,6 +49,19 @@ PREEMPTION_NODES = Counter(
     "to kube-scheduler's victims so that the pod fits by its own count",
     ["outcome"],
 )
+PICKS_ENDED = Counter(
+    "gpu_scheduler_extender_picks_ended_total",
+    "Picks of the filter that kube-scheduler abandoned (failed: a scheduling failure "
+    "written on the pod after the pick: Permit, binding, a reverted PodGroup cycle), and "
+    "picks whose pod left the pending set, deleted or bound (left-pending: the pick then "
+    "counts at most a second more unless the bound watch shows the binding)",
+    ["reason"],
+)
+NOMINATED_HELD = Counter(
+    "gpu_scheduler_extender_nominated_refusals_total",
+    "Nodes filter refused because pods nominated there of equal or higher priority "
+    "(preemptors waiting for their victims) hold the room the pod would take",
+)
 CACHE_OBJECTS = Gauge(
     "gpu_scheduler_extender_cache_objects",
     "Objects held in the cluster cache",

@@ -2,7 +2,7 @@
 :class:`~extender.reflector.Reflector` per kind, wired to the cache's ``replace_*``
 (a list) and ``*_event`` (a watch event) methods.
 
-Nodes and bound Pods always. With a ``resource_api`` (ResourceV1Api), the DRA kinds:
+Nodes, bound Pods and pending Pods always. With a ``resource_api`` (ResourceV1Api), the DRA kinds:
 DeviceClasses, ResourceSlices (listed after the classes, which say which devices are
 GPUs), ResourceClaims and DeviceTaintRules. With a ``coordination_api``
 (CoordinationV1Api) and a namespace, the agents' heartbeat Leases there. The DRA kinds
@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from extender.cache_pending import PENDING_FIELD_SELECTOR
 from extender.reflector import Reflector
 from gpu_scheduler import contract
 
@@ -28,6 +29,7 @@ POD_FIELD_SELECTOR = f"spec.nodeName!=,{LIVE_PODS}"
 _NOT_AFTER_CLASSES = (
     "nodes",
     "pods",
+    "pending",
     "leases",
     "deviceclasses",
     "resourceclaims",
@@ -48,6 +50,15 @@ def sources(
             {"field_selector": POD_FIELD_SELECTOR},
             cache.replace_pods,
             cache.pod_event,
+            False,
+        ),
+        # Pending pods: picks that will not bind, and nominated preemptors
+        # (extender/cache_pending.py).
+        "pending": (
+            core_api.list_pod_for_all_namespaces,
+            {"field_selector": PENDING_FIELD_SELECTOR},
+            cache.replace_pending,
+            cache.pending_event,
             False,
         ),
     }

@@ -35,6 +35,7 @@ class View:
         "groups",
         "mix",
         "nodes",
+        "nominated",
         "pods",
         "pressure",
         "share_mix",
@@ -64,6 +65,7 @@ class View:
         stale: bool = False,
         version: Any = None,
         table: TableSnapshot | None = None,
+        nominated: Mapping[str, Any] = EMPTY,
     ) -> None:
         #: Node facts by name.
         self.nodes = nodes
@@ -94,6 +96,9 @@ class View:
         self.version = version
         #: The same nodes as rows: what :meth:`candidates` gathers.
         self.table = table
+        #: Node -> its nominated GPU pods, (uid, record as if bound there): pending
+        #: preemptors (extender/cache_pending.py; filter counts them: nominated.py).
+        self.nominated = nominated
 
     def used_gpus(self, node: str) -> int:
         return self.used.get(node, 0)

@@ -64,7 +64,9 @@ class FakeListWatch:
         self.watches: list[dict[str, Any]] = []
         self.fail_next: list[BaseException] = []
         self.hold = threading.Event()  # set: list calls wait until it is cleared
-        self._watch: queue.Queue[Any] | None = None
+        # The open watches by field selector (the newest for each): a pod list serves
+        # the bound pods' watch and the pending pods' watch at once.
+        self._open: dict[str | None, queue.Queue[Any]] = {}
         self._opened = threading.Condition()
 
     # --- the API side ---------------------------------------------------------------
@@ -89,7 +91,7 @@ class FakeListWatch:
         events: queue.Queue[Any] = queue.Queue()
         with self._opened:
             self.watches.append(kwargs)
-            self._watch = events
+            self._open[kwargs.get("field_selector")] = events
             self._opened.notify_all()
         return _WatchResponse(self, events, read_timeout)
 
@@ -106,11 +108,32 @@ class FakeListWatch:
         obj = json.loads(json.dumps(obj))
         obj.setdefault("metadata", {})["resourceVersion"] = str(self.version)
         name = obj["metadata"]["name"]
+        before = self.objects.get(name)
         if kind == "DELETED":
             self.objects.pop(name, None)
         else:
             self.objects[name] = obj
-        self._send({"type": kind, "object": obj})
+        assert self._open, "no watch open"
+        # As the API server's watch cache does with a field selector
+        # (cacheWatcher.convertToWatchEvent): an object that enters the selection
+        # arrives ADDED, one that leaves it DELETED carrying its state before (with the
+        # event's resourceVersion), one outside it before and after not at all.
+        for selector, events in self._open.items():
+            was = before is not None and _selected(before, selector)
+            now = kind != "DELETED" and _selected(obj, selector)
+            if kind == "DELETED":
+                known = was if before is not None else _selected(obj, selector)
+                sent = "DELETED" if known else None
+            elif now:
+                sent = "ADDED" if before is not None and not was else kind
+            else:
+                sent = "DELETED" if was else None
+            if sent is not None:
+                shown = obj
+                if sent == "DELETED" and kind != "DELETED" and before is not None:
+                    shown = json.loads(json.dumps(before))
+                    shown["metadata"]["resourceVersion"] = str(self.version)
+                events.put({"type": sent, "object": shown})
 
     def change(self, obj: Mapping[str, Any]) -> None:
         """The API server now holds ``obj`` (a new resourceVersion), and the watch has
@@ -133,12 +156,13 @@ class FakeListWatch:
         self._send({"type": "ERROR", "object": {"code": 410, "message": "too old"}})
 
     def end_watch(self) -> None:
-        if self._watch is not None:
-            self._watch.put(_END)
+        for events in self._open.values():
+            events.put(_END)
 
     def _send(self, item: Any) -> None:
-        assert self._watch is not None, "no watch open"
-        self._watch.put(item)
+        assert self._open, "no watch open"
+        for events in self._open.values():
+            events.put(item)
 
 
 class FakeCore:

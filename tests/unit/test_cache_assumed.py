@@ -112,13 +112,18 @@ def test_readyz_counts_the_picks_apart_and_drops_them_after_the_ttl_unread(world
 
 
 def test_a_pod_deleted_before_it_was_bound_stops_counting(world):
-    core, cache, client, _ = world
+    """What the API server sends: the pending pod (no nodeName) DELETED, on the
+    pending pods' watch only; the bound pods' watch never saw it
+    (extender/cache_pending.py)."""
+    core, cache, client, clock = world
     pod = make_pod("p", 4)
+    core.list_pod_for_all_namespaces.event("ADDED", pod)  # created: pending
     node = pick(client, pod, NODES)
-    core.list_pod_for_all_namespaces.event(
-        "DELETED", {**pod, "spec": {**pod["spec"], "nodeName": node}}
-    )
-    _wait(lambda: used(cache, node) == 0, "the deleted pick gone")
+    core.list_pod_for_all_namespaces.event("DELETED", pod)
+    _wait(lambda: cache._assumed["uid-default-p"][0] <= clock() + 1.0, "the pick cut short")
+    assert used(cache, node) == 4  # deleted or bound? the bound watch has a second to say
+    clock.now += 1.01
+    assert used(cache, node) == 0
 
 
 def test_a_relist_keeps_the_picks_it_does_not_find_bound(world):

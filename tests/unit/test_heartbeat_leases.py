@@ -82,7 +82,7 @@ def test_without_a_namespace_no_leases_are_watched():
     cache = ClusterCache()
     cache.start(FakeCore([make_node("a", 8, **H100)]), None, Coordination([]), None)
     try:
-        assert set(cache.reflectors) == {"nodes", "pods"}
+        assert set(cache.reflectors) == {"nodes", "pods", "pending"}
     finally:
         cache.stop()
 
