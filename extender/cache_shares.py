@@ -136,10 +136,12 @@ class PodAccounting:
 
     def preemption_pods(
         self, names: Iterable[str]
-    ) -> tuple[dict[str, list[tuple[str, PodRecord]]], dict[str, frozenset[str]]]:
+    ) -> tuple[dict[str, list[tuple[str, PodRecord]]], dict[str, frozenset[str]], frozenset[str]]:
         """For the preempt verb: each named node's pods that take GPUs, (uid, record),
-        and every gang of those pods -> the UIDs of all its members, wherever they run
-        (the whole cache is read: preemption is rare, and a gang spans nodes)."""
+        every gang of those pods -> the UIDs of all its members, wherever they run
+        (the whole cache is read: preemption is rare, and a gang spans nodes), and
+        which of those pods are picks not bound yet (never victims: kube-scheduler
+        would not find them on the node)."""
         with self._lock:
             pods = self._pods
             on = {
@@ -156,4 +158,7 @@ class PodAccounting:
                 for uid, record in pods.items():
                     if record.gang in gangs:
                         gangs[record.gang].add(uid)
-        return on, {gang: frozenset(uids) for gang, uids in gangs.items()}
+            picks = frozenset(
+                uid for found in on.values() for uid, _ in found if uid in self._assumed
+            )
+        return on, {gang: frozenset(uids) for gang, uids in gangs.items()}, picks

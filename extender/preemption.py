@@ -14,10 +14,17 @@ proposed victims gone, by the filter itself (:func:`extender.engine.filter_nodes
 view where the node's pods are the ones left):
 
 - **too few victims**: it adds the node's other GPU pods of lower priority than the
-  preemptor, the lowest priority first (then the most recently counted), one at a
-  time, until the pod fits. kube-scheduler evicts what the answer names (its pods on
-  that node, by UID). Victims kube-scheduler proposed stay: they also made the pod's
-  CPU and memory fit, which the extender does not check;
+  preemptor as DefaultPreemption's ``SelectVictimsOnNode`` would: all of them removed,
+  then put back one at a time, those whose eviction violates a PodDisruptionBudget
+  first (extender/budgets.py, read from the API server for that node only), the most
+  important first within each, each staying a victim only where the pod no longer
+  fits with it back. The budgets violated by the pods added join kube-scheduler's
+  count, and the node's victims are sorted most important first (kube-scheduler's
+  node choice reads the first as the highest priority). Victims kube-scheduler
+  proposed stay: they also made the pod's CPU and memory fit, which the extender does
+  not check. Picks not bound yet are never victims (kube-scheduler would not find
+  them), and pods nominated to the node of equal or higher priority count there, as
+  in kube-scheduler's what-if;
 - **no victim set helps** (the GPUs are sick, the product is wrong, or the node's
   lower-priority pods are too few): the node is dropped;
 - **gangs**: a pod of a gang (a PodGroup it joins, a ``gpu-scheduler.io/group``, a
@@ -37,37 +44,36 @@ view where the node's pods are the ones left):
 **Once per preemption.** kube-scheduler preempts asynchronously and tries the pod
 again at once; its view may still count a victim that is gone, and it then proposes
 another on the same node: evicted for nothing. So for :data:`RECENT` seconds after
-the extender agreed to victims for a pod it agrees to none for it (each replica
-remembers its own answers), and it agrees to none where the pod already fits its
-nominated node by the filter's count and kube-scheduler proposes only GPU pods there
-(its view is behind; the pod is placed there at its next attempt).
-
-The PodDisruptionBudget violations the answer reports are kube-scheduler's count for
-its victims: the extender does not read budgets, so a victim it adds is not counted
-against one (it adds only pods of lower priority than the preemptor, as
-kube-scheduler would).
+the extender agreed to victims for a pod it agrees to none for it, and for
+:data:`BEHIND_WINDOW` seconds it drops the pod's nominated node (only that one) where
+the pod already fits there by the filter's count and kube-scheduler proposes only GPU
+pods there (its view is behind; the pod is placed there at its next attempt). Without
+such an agreement the victims stand: kube-scheduler may have nominated the node for
+CPU, memory, ports or anti-affinity, which the extender does not count. What this
+replica agreed is its own: the extender's Service keeps kube-scheduler's connections
+on one replica (``sessionAffinity: ClientIP``), so the answers for one pod come from
+the one that remembers them.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from extender import metrics, wire
-from extender.columns import free_state
+from extender.budgets import NOT_STARTED, BudgetReader, NodeBudgets, more_important
 from extender.endpoints import Call
-from extender.engine import candidates_of, filter_nodes
 from extender.model import NodeFacts, PodFacts
 from extender.policies import Policy
 from extender.records import PodRecord, object_key
 from extender.view import View
+from extender.what_if import fits_with
 from gpu_scheduler import contract, podspec
-from gpu_scheduler.sharing import BoundPod, usage
 from gpu_scheduler.taints import intolerable
 
 #: Scarcity pressure from which a GPU product is one the restricted pods need.
@@ -76,6 +82,9 @@ SCARCE = 0.5
 MAX_ADDED = 64
 #: Seconds after agreeing to victims for a pod during which it gets no more.
 RECENT = 5.0
+#: Seconds after agreeing to victims for a pod during which its nominated node may be
+#: found behind (the victims' default graceful termination is 30 s).
+BEHIND_WINDOW = 60.0
 
 
 @dataclass(frozen=True)
@@ -106,52 +115,135 @@ def decide(
     gangs: Mapping[str, frozenset[str]],
     policies: Sequence[Policy],
     nominated: str | None = None,
+    *,
+    fixed: Collection[str] = (),
+    budgets: Callable[[str], NodeBudgets | None] | None = None,
+    agreed: bool = False,
+    uid: str | None = None,
 ) -> Outcome:
     """The victims the extender agrees to on each node kube-scheduler proposed.
 
     ``pods_on``: each proposed node's GPU pods the cache counts there, (uid, record);
     ``gangs``: every gang of those pods -> the UIDs of all its members the cache
-    counts, wherever they run; ``nominated``: the node the pod is nominated for. Pure."""
+    counts, wherever they run; ``nominated``: the node the pod is nominated for;
+    ``fixed``: pods that are never victims (picks not bound yet: kube-scheduler
+    cannot find them); ``budgets``: a node's pods and disruption budgets, read only
+    where victims are added; ``agreed``: this replica agreed to victims for the pod
+    lately (``uid``). Pure but for what ``budgets`` reads."""
     out = Outcome()
-    behind = _behind(pod, proposed, view, pods_on, policies, nominated)
-    if behind is not None:
-        out.dropped = dict.fromkeys(proposed, behind)
-        return out
+    behind = _behind(pod, proposed, view, pods_on, policies, nominated) if agreed else None
     for name, victims in proposed.items():
         facts = view.nodes.get(name)
         if facts is None:
             out.dropped[name] = "node is not in the extender's cache"
             continue
+        if name == nominated and behind is not None:
+            out.dropped[name] = behind
+            continue
         records = dict(pods_on.get(name, ()))
         chosen = list(dict.fromkeys(victims.uids))
+        violations = victims.pdb_violations
         if not facts.dra:  # a DRA node's devices are kube-scheduler's to count
-            why = _fit(pod, facts, records, chosen, view, policies)
-            extra = sorted(
-                (
-                    (record.priority, -record.seq, uid)
-                    for uid, record in records.items()
-                    if record.priority < priority and uid not in chosen
-                ),
-            )[:MAX_ADDED]
-            added = 0
-            for _, _, uid in extra:
-                if why is None or why[1]:
-                    break
-                chosen.append(uid)
-                added += 1
-                why = _fit(pod, facts, records, chosen, view, policies)
-            if why is not None:
-                out.dropped[name] = f"no victims here make the pod fit: {why[0]}"
+            ahead = nominated_ahead(view, name, uid, priority)
+            kept = _fill(
+                pod, priority, facts, records, chosen, ahead, fixed, view, policies, budgets
+            )
+            if isinstance(kept, str):
+                out.dropped[name] = kept
                 continue
+            chosen, extra, added = kept
+            violations += extra
             if added:
                 out.added[name] = added
         split = _split_gang(chosen, records, gangs)
         if split is not None:
             out.dropped[name] = split
             continue
-        out.kept[name] = Victims(tuple(chosen), victims.pdb_violations)
+        out.kept[name] = Victims(tuple(chosen), violations)
     _prefer(pod, out, view)
     return out
+
+
+def _fill(
+    pod: PodFacts,
+    priority: int,
+    facts: NodeFacts,
+    records: Mapping[str, PodRecord],
+    chosen: list[str],
+    ahead: Sequence[PodRecord],
+    fixed: Collection[str],
+    view: View,
+    policies: Sequence[Policy],
+    budgets: Callable[[str], NodeBudgets | None] | None,
+) -> tuple[list[str], int, int] | str:
+    """kube-scheduler's victims on one node, with what the extender must add for the
+    pod to fit by its count: (victims sorted most important first, budget violations
+    the added ones cause, how many were added); or why the node is dropped.
+
+    As DefaultPreemption's ``SelectVictimsOnNode``: every lower-priority pod the
+    extender may take is removed; if the pod then fits, each is put back, those whose
+    removal violates a budget first, the most important first within each, and stays
+    a victim only where the pod no longer fits with it back."""
+
+    def fits(gone: Collection[str]) -> tuple[str, bool] | None:
+        left = [r for u, r in sorted(records.items(), key=lambda i: i[1].seq) if u not in gone]
+        return fits_with(pod, facts, [*left, *ahead], view, policies)
+
+    why = fits(set(chosen))
+    if why is None:
+        return chosen, 0, 0
+    if why[1]:
+        return f"no victims here make the pod fit: {why[0]}"
+    taken = set(chosen)
+    eligible = sorted(
+        (
+            u
+            for u, r in records.items()
+            if r.priority < priority and u not in taken and u not in fixed
+        ),
+        key=lambda u: (records[u].priority, -records[u].seq),  # the likeliest victims first
+    )
+    removed = taken | set(eligible[:MAX_ADDED])
+    why = fits(removed)
+    if why is not None:
+        return f"no victims here make the pod fit: {why[0]}"
+    known = budgets(facts.name) if budgets is not None else None
+    if known is None:
+        return "no victims added: the node's pods and disruption budgets could not be read"
+    ledger = known.ledger()
+    for victim in sorted((known.pods[u] for u in chosen if u in known.pods), key=more_important):
+        ledger.take(victim)
+    order = sorted(eligible[:MAX_ADDED], key=lambda u: _importance(u, records, known))
+    violating = [u for u in order if ledger.take(known.pods.get(u))]
+    added: list[str] = []
+    for u in [*violating, *(u for u in order if u not in violating)]:
+        removed.discard(u)
+        if fits(removed) is not None:
+            removed.add(u)
+            added.append(u)
+    victims = sorted([*chosen, *added], key=lambda u: _importance(u, records, known))
+    return victims, sum(1 for u in added if u in violating), len(added)
+
+
+def _importance(
+    uid: str, records: Mapping[str, PodRecord], known: NodeBudgets
+) -> tuple[int, str, int]:
+    """Most important first, as kube-scheduler orders victims; pods that started at
+    the same time (or not yet) by the order the cache counted them."""
+    record = records.get(uid)
+    seq = record.seq if record is not None else 1 << 62
+    found = known.pods.get(uid)
+    if found is not None:
+        return (*more_important(found), seq)
+    return (-(record.priority if record is not None else 0), NOT_STARTED, seq)
+
+
+def nominated_ahead(view: View, node: str, uid: str | None, priority: int) -> list[PodRecord]:
+    """Pods nominated to ``node`` that count in its what-if (equal or higher priority
+    than the preemptor, not itself), as ``SelectVictimsOnNode`` filters with them."""
+    return [
+        r for other, r in view.nominated.get(node, ()) if other != uid and r.priority >= priority
+    ]
 
 
 def _behind(
@@ -162,10 +254,10 @@ def _behind(
     policies: Sequence[Policy],
     nominated: str | None,
 ) -> str | None:
-    """Why kube-scheduler's view is behind its last preemption for this pod: the pod
-    fits its nominated node with no victims by the filter's count, and the victims
-    proposed there are GPU pods the cache counts (so GPUs are what kube-scheduler
-    thinks are missing); None otherwise."""
+    """Why kube-scheduler's view of the pod's nominated node is behind the victims
+    this replica agreed to there: the pod fits that node with no victims by the
+    filter's count, and the victims proposed there are GPU pods the cache counts (so
+    GPUs are what kube-scheduler thinks are missing); None otherwise."""
     victims = proposed.get(nominated) if nominated else None
     facts = view.nodes.get(nominated) if nominated else None
     if victims is None or facts is None or facts.dra or not victims.uids:
@@ -173,67 +265,12 @@ def _behind(
     records = dict(pods_on.get(facts.name, ()))
     if not all(uid in records for uid in victims.uids):
         return None
-    if _fit(pod, facts, records, (), view, policies) is not None:
+    left = sorted(records.values(), key=lambda r: r.seq)
+    if fits_with(pod, facts, left, view, policies) is not None:
         return None
     return (
         f"the pod fits its nominated node {facts.name} with no victims by the extender's "
-        "count: kube-scheduler's view is behind its last preemption"
-    )
-
-
-def _fit(
-    pod: PodFacts,
-    facts: NodeFacts,
-    records: Mapping[str, PodRecord],
-    gone: Sequence[str],
-    view: View,
-    policies: Sequence[Policy],
-) -> tuple[str, bool] | None:
-    """Why the pod does not fit ``facts``'s node once ``gone`` have left, and whether
-    that is unresolvable (no victims can help); None when it fits."""
-    name = facts.name
-    missing = set(gone)
-    left = [(uid, r) for uid, r in records.items() if uid not in missing]
-    left.sort(key=lambda item: item[1].seq)
-    used = sum(r.gpus for _, r in left)
-    gpus = None
-    if facts.shared is not None:
-        bound = [BoundPod(r.key, r.gpus, r.shares) for _, r in left if r.gpus or r.shares]
-        gpus, _ = usage(facts.shared.gpus, facts.shared.report, bound)
-    state = free_state(
-        facts,
-        used,
-        sum(r.cpu_milli for _, r in left if r.gpus or r.shares),
-        sum(r.ram_mib for _, r in left if r.gpus or r.shares),
-        gpus,
-    )
-    what_if = _with_node(view, facts, used, state, gpus)
-    outcome = filter_nodes(pod, [name], candidates_of([name], [facts], what_if), what_if, policies)
-    if outcome.passed:
-        return None
-    if name in outcome.unresolvable:
-        return outcome.unresolvable[name], True
-    return outcome.failed.get(name, "refused"), False
-
-
-def _with_node(view: View, facts: NodeFacts, used: int, state, gpus) -> View:  # type: ignore[no-untyped-def]
-    """``view`` with one node's usage as given (its other pods gone)."""
-    name = facts.name
-    return View(
-        nodes={name: facts},
-        used={name: used},
-        free={name: state},
-        mix=view.mix,
-        gpus={name: gpus} if gpus is not None else {},
-        share_mix=view.share_mix,
-        claim_shares=view.claim_shares,
-        groups=view.groups,
-        pressure=view.pressure,
-        beats=view.beats,
-        pods=view.pods,
-        now=view.time,
-        age=view.age,
-        stale=view.stale,
+        "count: kube-scheduler's view is behind the victims agreed there"
     )
 
 
@@ -307,26 +344,33 @@ class PreemptCall(Call):
 
 
 class Recent:
-    """The pods this replica agreed to victims for, until :data:`RECENT` passes."""
+    """When this replica last agreed to victims for each pod: none again for
+    :data:`RECENT` seconds, and its nominated node may be found behind for
+    :data:`BEHIND_WINDOW` seconds (the victims' graceful termination)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._until: dict[str, float] = {}
+        self._at: dict[str, float] = {}
         self._clock = clock
         self._lock = threading.Lock()
 
-    def held(self, uid: str | None) -> float | None:
-        """Seconds since victims were agreed for ``uid``, if that was recent."""
+    def since(self, uid: str | None) -> float | None:
+        """Seconds since victims were agreed for ``uid``, within BEHIND_WINDOW."""
         now = self._clock()
         with self._lock:
-            for key in [k for k, until in self._until.items() if until <= now]:
-                del self._until[key]
-            until = self._until.get(uid) if uid else None
-        return None if until is None else RECENT - (until - now)
+            for key in [k for k, at in self._at.items() if now - at >= BEHIND_WINDOW]:
+                del self._at[key]
+            at = self._at.get(uid) if uid else None
+        return None if at is None else now - at
+
+    def held(self, uid: str | None) -> float | None:
+        """Seconds since victims were agreed for ``uid``, if that was recent."""
+        since = self.since(uid)
+        return since if since is not None and since < RECENT else None
 
     def note(self, uid: str | None) -> None:
         if uid:
             with self._lock:
-                self._until[uid] = self._clock() + RECENT
+                self._at[uid] = self._clock()
 
 
 def parse_call(payload: Any, pod_facts: Callable[[Any], PodFacts], cache: Any) -> PreemptCall:
@@ -357,9 +401,20 @@ def answer(
     else:
         nominated = wire.nominated_node(call.args.pod)
         names = [*call.proposed, *([nominated] if nominated else [])]
-        on, gangs = cache.preemption_pods(names)
+        on, gangs, fixed = cache.preemption_pods(names)
         outcome = decide(
-            call.pod, call.priority, call.proposed, call.view, on, gangs, policies, nominated
+            call.pod,
+            call.priority,
+            call.proposed,
+            call.view,
+            on,
+            gangs,
+            policies,
+            nominated,
+            fixed=fixed,
+            budgets=budget_reader(cache),
+            agreed=recent.since(uid) is not None,
+            uid=uid,
         )
         kept = outcome.kept
         if kept:
@@ -374,3 +429,11 @@ def answer(
         metrics.PREEMPTION_NODES.labels("victims-added").inc(sum(outcome.added.values()))
     body = wire.preemption_result({n: (v.uids, v.pdb_violations) for n, v in kept.items()})
     return orjson.dumps(body), details, None
+
+
+def budget_reader(cache: Any) -> BudgetReader:
+    """A reader of budgets for one preempt call, over the recheck's client (no
+    retries, short timeouts); one that reads nothing where the cache has none."""
+    recheck = getattr(cache, "recheck", None)
+    core, policy = getattr(recheck, "apis", (None, None))
+    return BudgetReader(core, policy)

@@ -96,6 +96,20 @@ class Recheck:
         self._bucket = bucket or TokenBucket(RATE, BURST, clock)
         self._clock = clock
 
+    @property
+    def apis(self) -> tuple[Any, Any]:
+        """(CoreV1Api, PolicyV1Api) over this client (no retries), for the preempt
+        verb's reads of a node's pods and budgets (extender/budgets.py); a fake API
+        serves both from one object."""
+        core = self._core
+        if getattr(core, "api_client", None) is None:
+            return core, core if hasattr(
+                core, "list_pod_disruption_budget_for_all_namespaces"
+            ) else None
+        from kubernetes import client
+
+        return core, client.PolicyV1Api(core.api_client)
+
     def __call__(self, names: Sequence[str], nominated: str | None = None) -> int:
         """Read ``names`` again; ``nominated``: the node kube-scheduler nominated the
         pod for, if any (read first, from the reserve)."""

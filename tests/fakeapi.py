@@ -173,6 +173,8 @@ class FakeCore:
     ) -> None:
         self.list_node = FakeListWatch(nodes)
         self.list_pod_for_all_namespaces = FakeListWatch(pods)
+        # PolicyV1Api's list, which the preempt verb reads (extender/budgets.py)
+        self.list_pod_disruption_budget_for_all_namespaces = FakeListWatch()
         self.api_client = None
         self.node_reads: list[str] = []
         self.fail_reads: list[BaseException] = []

@@ -67,7 +67,7 @@ def test_the_leases_are_watched_in_one_namespace_with_the_agents_label():
     try:
         for reflector in cache.reflectors.values():
             assert reflector.synced.wait(5), reflector.kind
-        assert set(cache.reflectors) == {"nodes", "pods", "leases"}
+        assert set(cache.reflectors) == {"nodes", "pods", "pending", "leases"}
         coordination.list_namespaced_lease.wait_for_watch(1)
         watch = coordination.list_namespaced_lease.watches[0]
         assert watch["namespace"] == "gpu-scheduler"

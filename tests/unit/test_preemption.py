@@ -11,6 +11,10 @@ import json
 import pytest
 
 from extender.app import create_app
+from extender.config import load_config
+from extender.model import pod_facts
+from extender.policies import build_policies
+from extender.preemption import Victims, decide
 from gpu_scheduler import contract
 from tests.factories import make_lease, make_node, make_pod
 from tests.fakeapi import synced_cache
@@ -233,15 +237,24 @@ def test_recent_answers_are_forgotten_after_a_while():
     assert recent.held("u") is None
 
 
-def test_a_pod_that_fits_its_nominated_node_by_our_count_gets_no_victims(make_client):
-    """The victims of its last preemption are gone from the extender's view, not yet
-    from kube-scheduler's, which proposes a live pod on the same node."""
-    client = make_client([make_node("n", 8, **H100)], [low(f"t{i}", 2, "n") for i in range(2)])
-    pod = preemptor(4)
-    pod["status"]["nominatedNodeName"] = "n"
-    assert ask(client, pod, {"n": (["t0"], 0)}) == {}
-    # where it does not fit by our count either, the victims are needed
-    full = make_client([make_node("n", 8, **H100)], [low(f"t{i}", 2, "n") for i in range(4)])
-    other = preemptor(4)
-    other["status"]["nominatedNodeName"] = "n"
-    assert ask(full, other, {"n": (["t0", "t1"], 0)}) == {"n": (sorted(map(uid, ["t0", "t1"])), 0)}
+def test_a_nominated_node_is_behind_only_after_this_replica_agreed_to_victims_there():
+    """The victims this replica agreed to are gone from its view, not yet from
+    kube-scheduler's, which proposes a live pod on the same node: that node is
+    dropped, and only that node. Without such an agreement (another replica's, or
+    kube-scheduler nominated the node for CPU, memory, ports or anti-affinity, which
+    the extender does not count) the victims stand."""
+    nodes = [make_node("n", 8, **H100), make_node("m", 8, **H100)]
+    pods = [low(f"t{i}", 2, "n") for i in range(2)] + [low(f"u{i}", 2, "m") for i in range(4)]
+    cache = synced_cache(nodes, pods, clock=lambda: NOW)
+    try:
+        on, gangs, fixed = cache.preemption_pods(["n", "m"])
+        policies = build_policies(load_config(None))
+        proposed = {"n": Victims((uid("t0"),)), "m": Victims((uid("u0"), uid("u1")))}
+        args = (pod_facts(preemptor(4)), 1000, proposed, cache.view(), on, gangs, policies)
+        behind = decide(*args, "n", fixed=fixed, agreed=True)
+        assert set(behind.kept) == {"m"} and "behind" in behind.dropped["n"]
+        assert set(decide(*args, "n", fixed=fixed, agreed=False).kept) == {"n", "m"}
+        # nominated where it does not fit by our count: the victims are needed there
+        assert set(decide(*args, "m", fixed=fixed, agreed=True).kept) == {"n", "m"}
+    finally:
+        cache.stop()
