@@ -139,6 +139,21 @@ def _sharing_flags(parser: Any) -> None:
         help="while the kubelet does not answer, its last answer stands this long; then "
         "the gpu-shares annotation is removed (default 5m)",
     )
+    parser.add_argument(
+        "--gpu-memory-reserve-mib",
+        type=int,
+        default=2048,
+        help="MiB of each shared GPU that no share is given: the driver's reserved "
+        "memory, the MPS server's and the tenants' CUDA contexts (default 2048; "
+        "published in the gpus annotation, so the extender counts the same units)",
+    )
+    parser.add_argument(
+        "--host-cgroup-root",
+        default="",
+        help="the host's /sys/fs/cgroup, mounted read-only: tells which pods are still "
+        "active, so that a finished pod's init container no longer holds its GPU ('': "
+        "every init container's devices the kubelet lists count, fail closed)",
+    )
 
 
 def _health_flags(parser: Any) -> None:
@@ -209,6 +224,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if not args.dry_run and not args.node_name:
         return fail("agent", "--node-name (or $NODE_NAME) is required unless --dry-run")
+    if not 0 <= args.gpu_memory_reserve_mib <= 64 << 10:
+        return fail("agent", "--gpu-memory-reserve-mib must be between 0 and 65536")
 
     import logging
     import threading
@@ -216,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
     from agent.fake import FakeBackend
     from agent.heartbeat import PodIdentity
     from agent.inventory import Backend
+    from agent.kubelet_checkpoint import FILE as CHECKPOINT_FILE
     from agent.loop import AgentConfig
     from agent.nvml import NvmlBackend
 
@@ -241,6 +259,10 @@ def run(args: argparse.Namespace) -> int:
         unhealthy_after_s=unhealthy_after,
         pod_resources_socket=args.pod_resources_socket or None,
         shares_stale_s=shares_stale,
+        kubelet_checkpoint=os.path.join(args.kubelet_dir, CHECKPOINT_FILE),
+        mps_root=args.mps_pipe_root if args.device_plugin != "off" else None,
+        gpu_memory_reserve_mib=args.gpu_memory_reserve_mib,
+        host_cgroup_root=args.host_cgroup_root or None,
     )
     stop = threading.Event()
     if args.mps_supervisor:

@@ -111,10 +111,15 @@ def least_gpu(gpus: tuple[Gpu, ...]) -> Gpu:
     )
 
 
-def desired_state(inventory: Inventory, *, manage_capacity: bool = True) -> Desired:
+def desired_state(
+    inventory: Inventory, *, manage_capacity: bool = True, reserve_mib: int = 0
+) -> Desired:
+    """``reserve_mib``: on a sharing node, the MiB of each GPU no share is given,
+    published per GPU in ANN_GPUS (``contract.GPU_RESERVED_MIB``) so that the extender
+    counts the units the device plugin advertises."""
     gpus = inventory.gpus
     capacity = {contract.RESOURCE_GPU: str(allocatable_gpus(inventory))} if manage_capacity else {}
-    annotations = {contract.ANN_GPUS: gpus_annotation(inventory)}
+    annotations = {contract.ANN_GPUS: gpus_annotation(inventory, reserve_mib)}
     if not gpus:
         return Desired({contract.LABEL_GPU_PRESENT: "false"}, annotations, capacity)
 
@@ -165,17 +170,17 @@ def version_labels(inventory: Inventory) -> dict[str, str]:
     return labels
 
 
-def gpus_annotation(inventory: Inventory) -> str:
+def gpus_annotation(inventory: Inventory, reserve_mib: int = 0) -> str:
     """Per-GPU detail, compact JSON ordered by index (stable, so unchanged GPUs give an
     unchanged annotation and no write)."""
     return json.dumps(
-        [_gpu_json(g) for g in sorted(inventory.gpus, key=lambda g: g.index)],
+        [_gpu_json(g, reserve_mib) for g in sorted(inventory.gpus, key=lambda g: g.index)],
         separators=(",", ":"),
         sort_keys=True,
     )
 
 
-def _gpu_json(gpu: Gpu) -> dict[str, Any]:
+def _gpu_json(gpu: Gpu, reserve_mib: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {
         "index": gpu.index,
         "uuid": gpu.uuid,
@@ -188,6 +193,8 @@ def _gpu_json(gpu: Gpu) -> dict[str, Any]:
     }
     if gpu.pci_class:
         out["pciClass"] = gpu.pci_class
+    if reserve_mib > 0 and not gpu.mig_enabled:
+        out[contract.GPU_RESERVED_MIB] = reserve_mib
     if gpu.mig_enabled:
         out["migDevices"] = [
             {"uuid": m.uuid, "name": m.name, "memoryMiB": m.memory_mib} for m in gpu.mig_devices

@@ -31,8 +31,10 @@ from agent.health import DEFAULT_QUIET_S, HealthTracker
 from agent.heartbeat import PodIdentity
 from agent.inventory import Backend, Inventory, InventoryError
 from agent.kubeapi import ApiError, NodeApi
+from agent.kubelet_checkpoint import FILE as CHECKPOINT_FILE
 from agent.labels import Desired, allocatable_gpus, desired_state
-from agent.podresources import SOCKET, PodResourcesClient, current_shares
+from agent.podresources import SOCKET, PodResourcesClient
+from agent.sharing_node import DEFAULT_RESERVE_MIB, sharing_desired
 from agent.sync import NodeState, Ownership, Plan, ownership, plan_sync
 from agent.xid import XidPolicy
 from gpu_scheduler import contract
@@ -73,6 +75,17 @@ class AgentConfig:
     #: A failed PodResources call keeps the last good answer this long; after it the
     #: annotation is removed (the extender then fits every bound pod itself).
     shares_stale_s: float = 300.0
+    #: The kubelet's device checkpoint, which names each device ID's pod by UID (the
+    #: shares report is keyed by UID; None: no report).
+    kubelet_checkpoint: str | None = f"/var/lib/kubelet/device-plugins/{CHECKPOINT_FILE}"
+    #: The MPS supervisor's directory (its health.json): in MPS mode a GPU without a
+    #: daemon is unhealthy in ANN_GPUS too (None: not read).
+    mps_root: str | None = None
+    #: MiB of each GPU of a sharing node that no share is given (published in ANN_GPUS).
+    gpu_memory_reserve_mib: int = DEFAULT_RESERVE_MIB
+    #: The host's /sys/fs/cgroup: which pods are active (a plain init container's
+    #: devices are reported while its pod is; None: as long as the kubelet lists them).
+    host_cgroup_root: str | None = None
 
 
 def backoff_delay(failures: int, base: float, cap: float, jitter: float = 1.0) -> float:
@@ -117,7 +130,7 @@ class Agent:
         #: told of each Node read (the device plugin follows the sharing label).
         self.last_inventory: Inventory | None = None
         self.on_node: Callable[[NodeState], None] | None = None
-        self._skipped: dict[str, int] = {}
+        self.skipped: dict[str, int] = {}  # what the last shares report left out
         if self.pod_resources is None and config.pod_resources_socket:
             self.pod_resources = PodResourcesClient(
                 config.pod_resources_socket, monotonic=self.monotonic
@@ -185,28 +198,9 @@ class Agent:
         return self.health.apply(inventory, mono)
 
     def desired(self, inventory: Inventory) -> Desired:
-        desired = desired_state(inventory, manage_capacity=self.config.manage_capacity)
-        shares = self._shares(inventory)
-        if shares is not None:
-            desired.annotations[contract.ANN_GPU_SHARES] = shares
-        return desired
-
-    def _shares(self, inventory: Inventory) -> str | None:
-        """ANN_GPU_SHARES on a node shared by our device plugin; None elsewhere, and
-        once the kubelet has given no answer for ``shares_stale_s`` (the key is then
-        removed: no report is safe, an old one is not)."""
-        if self.sharing not in contract.SHARING_MODES or self.pod_resources is None:
-            return None
-        uuids = [g.uuid for g in inventory.gpus]
-        now, stale_s = self.monotonic(), self.config.shares_stale_s
-        shares = current_shares(self.pod_resources.list(), uuids, now, stale_s)
-        if shares is not None and shares.skipped != self._skipped:
-            self._skipped = shares.skipped
-            log.warning(
-                "PodResources device IDs left out of the GPU shares report",
-                extra={"node": self.config.node_name, "skipped": shares.skipped},
-            )
-        return None if shares is None else shares.encoded
+        if self.sharing in contract.SHARING_MODES:  # reserve, MPS health, shares report
+            return sharing_desired(self, inventory)
+        return desired_state(inventory, manage_capacity=self.config.manage_capacity)
 
     def sync_once(self, inventory: Inventory | None = None, desired: Desired | None = None) -> Plan:
         """Read (unless given) the GPUs and bring the Node in line. Returns the last plan

@@ -7,11 +7,14 @@ containers, read over its unix socket (``List``), and what the agent makes of it
   decodable is an error in words on the :class:`Answer`, which still carries the
   last good answer, marked stale, and how old it is.
 - :func:`shares_report` (pure) turns an answer into the node's ANN_GPU_SHARES: GPU
-  UUID -> ``namespace/name`` -> the units of ``gpu-scheduler.io/gpu-memory`` the pod
-  holds there (distinct device IDs ``<UUID>::<k>`` of that GPU, over all its
-  containers), or ``"whole"`` for a GPU given whole as ``nvidia.com/gpu`` (its ID is
-  the GPU's UUID). IDs not of this node's GPUs (another plugin's, an unknown UUID,
-  malformed) are left out and counted (:func:`read_shares`). :func:`encode_report`
+  UUID -> pod UID -> the units of ``gpu-scheduler.io/gpu-memory`` the pod holds there
+  (distinct device IDs ``<UUID>::<k>`` of that GPU, over all its containers), or
+  ``"whole"`` for a GPU given whole as ``nvidia.com/gpu`` (its ID is the GPU's UUID).
+  PodResources names a pod ``namespace/name`` only; its UID is the one the kubelet's
+  device checkpoint gives its device IDs (agent/kubelet_checkpoint.py), so a pod
+  recreated under the same name never inherits the old one's GPU. IDs not of this
+  node's GPUs (another plugin's, an unknown UUID, malformed) and pods whose UID is not
+  known are left out and counted (:func:`read_shares`). :func:`encode_report`
   writes it the one way (sorted keys, compact), so "changed" is a string compare,
   and refuses what :func:`gpu_scheduler.sharing.read_report` would refuse.
 - :func:`current_shares` (pure): the report while the answer is recent enough.
@@ -28,7 +31,7 @@ import stat
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -44,16 +47,14 @@ SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_TIMEOUT_S = 2.0
 #: The kubelet's own PodResources client refuses answers over 16 MiB.
 MAX_RESPONSE_BYTES = 16 << 20
-#: A namespace is a DNS label; a pod's name a DNS subdomain.
-MAX_NAMESPACE, MAX_POD_NAME = 63, 253
 
 Response = pb.ListPodResourcesResponse
 
 # Why a device ID was left out of the report (the keys of Shares.skipped).
 MALFORMED = "malformed device ID"
 NOT_OURS = "not one of this node's GPUs"
-UNNAMED = "pod without a valid namespace/name"
 OVER = f"over {sharing.MAX_UNITS} units on one GPU"
+NO_UID = "pod whose UID the kubelet's device checkpoint does not give"
 
 
 # --- what a call gives --------------------------------------------------------------
@@ -94,18 +95,6 @@ class Shares:
         return encode_report(self.report)
 
 
-def pod_key(pod: pb.PodResources) -> str | None:
-    """``namespace/name``, or None when either is not what Kubernetes allows."""
-    ns, name = pod.namespace, pod.name
-    if not 0 < len(ns) <= MAX_NAMESPACE or not 0 < len(name) <= MAX_POD_NAME:
-        return None
-    if not contract.DNS_SUBDOMAIN.match(ns) or "." in ns:
-        return None
-    if not contract.DNS_SUBDOMAIN.match(name):
-        return None
-    return f"{ns}/{name}"
-
-
 def _devices(pod: pb.PodResources) -> Iterator[tuple[str, str]]:
     """(resource, device ID) for every device of every container of ``pod``."""
     for container in pod.containers:
@@ -114,50 +103,91 @@ def _devices(pod: pb.PodResources) -> Iterator[tuple[str, str]]:
                 yield devices.resource_name, device
 
 
-def read_shares(response: Response, our_gpus: Collection[str]) -> Shares:
+def read_shares(
+    response: Response,
+    our_gpus: Collection[str],
+    uids: Mapping[str, str],
+    init: Iterable[tuple[str, str, str]] = (),
+) -> Shares:
     """The ANN_GPU_SHARES report of ``response`` (see the module), over ``our_gpus``
-    (this node's GPU UUIDs: each is a key, ``{}`` when nothing is held there)."""
+    (this node's GPU UUIDs: each is a key, ``{}`` when nothing is held there), each
+    pod named by the UID ``uids`` (device ID -> pod UID) gives all its device IDs.
+    ``init``: (pod UID, resource, device ID) that plain init containers of active
+    pods hold (the kubelet's checkpoint; PodResources does not list them)."""
     ours = set(our_gpus)
     skipped: Counter[str] = Counter()
     units: dict[str, dict[str, set[str]]] = {uuid: {} for uuid in ours}
     whole: dict[str, set[str]] = {uuid: set() for uuid in ours}
-    for pod in response.pod_resources:
-        key = pod_key(pod)
-        for resource, device in _devices(pod):
-            if resource == contract.RESOURCE_GPU_MEMORY:
-                try:
-                    uuid = sharing.id_gpu(device)
-                except ValueError:
-                    skipped[MALFORMED] += 1
-                    continue
-            elif resource == contract.RESOURCE_GPU:
-                uuid = device
-            else:
-                continue  # another resource: not a GPU of ours at all
+    holders: list[tuple[str | None, list[tuple[str, str]]]]
+    holders = [(None, list(_devices(pod))) for pod in response.pod_resources]
+    by_uid: dict[str, list[tuple[str, str]]] = {}
+    for uid, resource, device in init:
+        by_uid.setdefault(uid, []).append((resource, device))
+    holders.extend(by_uid.items())
+    for given, devices in holders:
+        held: list[tuple[str, str, str]] = []  # (resource, device ID, GPU UUID)
+        for resource, device in devices:
+            uuid = _gpu_of(resource, device, skipped)
+            if uuid is None:
+                continue
             if uuid not in ours:
                 skipped[NOT_OURS] += 1
-            elif key is None:
-                skipped[UNNAMED] += 1
-            elif resource == contract.RESOURCE_GPU:
+            else:
+                held.append((resource, device, uuid))
+        ids = [device for _, device, _ in held]
+        key = _pod_uid(uids, ids) if given is None else _pod_uid({d: given for d in ids}, ids)
+        if key is None:
+            skipped[NO_UID] += len(held)
+            continue
+        for resource, device, uuid in held:
+            if resource == contract.RESOURCE_GPU:
                 whole[uuid].add(key)
             else:
                 units[uuid].setdefault(key, set()).add(device)
     report: dict[str, dict[str, int | str]] = {}
     for uuid in sorted(ours):
-        held: dict[str, int | str] = {}
+        counts: dict[str, int | str] = {}
         for key, ids in units[uuid].items():
             if len(ids) > sharing.MAX_UNITS:
                 skipped[OVER] += len(ids) - sharing.MAX_UNITS
-            held[key] = min(len(ids), sharing.MAX_UNITS)
+            counts[key] = min(len(ids), sharing.MAX_UNITS)
         for key in whole[uuid]:
-            held[key] = sharing.WHOLE
-        report[uuid] = dict(sorted(held.items()))
+            counts[key] = sharing.WHOLE
+        report[uuid] = dict(sorted(counts.items()))
     return Shares(report, dict(sorted(skipped.items())))
 
 
-def shares_report(response: Response, our_gpus: Collection[str]) -> dict[str, dict[str, int | str]]:
+def _gpu_of(resource: str, device: str, skipped: Counter[str]) -> str | None:
+    """The GPU UUID a device ID of ours names; None for another resource's, and for a
+    malformed one (counted)."""
+    if resource == contract.RESOURCE_GPU:
+        return device
+    if resource != contract.RESOURCE_GPU_MEMORY:
+        return None  # another resource: not a GPU of ours at all
+    try:
+        return sharing.id_gpu(device)
+    except ValueError:
+        skipped[MALFORMED] += 1
+        return None
+
+
+def _pod_uid(uids: Mapping[str, str], devices: list[str]) -> str | None:
+    """The one UID all of a pod's device IDs name; None when any names none, they
+    name several, or it is not one a reader takes (sharing.read_report)."""
+    found = {uids.get(device) for device in devices}
+    if len(found) != 1:
+        return None
+    uid = found.pop()
+    if not uid or len(uid) > sharing.MAX_POD_KEY or "/" in uid:
+        return None
+    return uid
+
+
+def shares_report(
+    response: Response, our_gpus: Collection[str], uids: Mapping[str, str]
+) -> dict[str, dict[str, int | str]]:
     """The ANN_GPU_SHARES structure of ``response`` (:func:`read_shares`)."""
-    return read_shares(response, our_gpus).report
+    return read_shares(response, our_gpus, uids).report
 
 
 def encode_report(report: dict[str, dict[str, int | str]]) -> str | None:
@@ -173,14 +203,19 @@ def encode_report(report: dict[str, dict[str, int | str]]) -> str | None:
 
 
 def current_shares(
-    answer: Answer, our_gpus: Collection[str], now: float, max_age_s: float
+    answer: Answer,
+    our_gpus: Collection[str],
+    now: float,
+    max_age_s: float,
+    uids: Mapping[str, str],
+    init: Iterable[tuple[str, str, str]] = (),
 ) -> Shares | None:
     """The report of ``answer``'s response while it is at most ``max_age_s`` old (a
     stale one stands in that long); None when there is none or it is older."""
     age = answer.age(now)
     if answer.response is None or age is None or age > max_age_s:
         return None
-    return read_shares(answer.response, our_gpus)
+    return read_shares(answer.response, our_gpus, uids, init)
 
 
 def allocated_ids(response: Response) -> dict[str, set[str]]:

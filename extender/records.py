@@ -16,13 +16,13 @@ from gpu_scheduler.fields import FieldError
 
 class PodRecord:
     __slots__ = (
-        "cpu_milli", "demand", "gang", "gpus", "group", "key", "node", "priority", "products",
-        "ram_mib", "seq", "shares",
+        "cpu_milli", "demand", "gang", "gpus", "group", "key", "name", "node", "priority",
+        "products", "ram_mib", "seq", "shares",
     )  # fmt: skip
     #: What __eq__ compares: all but ``seq`` and ``demand``, the cache's bookkeeping.
     _COMPARED = (
-        "cpu_milli", "gang", "gpus", "group", "key", "node", "priority", "products", "ram_mib",
-        "shares",
+        "cpu_milli", "gang", "gpus", "group", "key", "name", "node", "priority", "products",
+        "ram_mib", "shares",
     )  # fmt: skip
 
     def __init__(
@@ -37,6 +37,7 @@ class PodRecord:
         key: str = "",
         priority: int = 0,
         gang: str | None = None,
+        name: str = "",
     ) -> None:
         self.node = node
         self.gpus = gpus
@@ -44,10 +45,13 @@ class PodRecord:
         self.products = products  # gpu-products it is restricted to, if any
         self.cpu_milli = cpu_milli
         self.ram_mib = ram_mib
-        #: Units of gpu-memory per container that asks a share, and namespace/name (how
-        #: a node's report names it); the key only for a GPU pod.
+        #: Units of gpu-memory per container that asks a share; its UID, how a node's
+        #: report (ANN_GPU_SHARES) names it, and namespace/name for messages: both only
+        #: for a GPU pod. Never matched by name: a pod recreated under the same name is
+        #: another pod, and must not inherit what the old one held.
         self.shares = shares
         self.key = key
+        self.name = name
         #: What preemption weighs (extender/preemption.py): its priority, and the gang
         #: it belongs to (``podspec.pod_gang``), evicted whole or not at all.
         self.priority = priority
@@ -112,7 +116,8 @@ def pod_record(pod: Mapping[str, Any]) -> tuple[str, PodRecord] | None:
     restricted = tuple(sorted(sys.intern(p) for p in products)) if products else None
     cpu_milli, ram_mib = podspec.pod_cpu_memory(spec) if asks else (0, 0)
     name = meta.get("name")
-    key = f"{namespace}/{name}" if (gpus or shares) and isinstance(name, str) else ""
+    named = f"{namespace}/{name}" if (gpus or shares) and isinstance(name, str) else ""
+    key = uid if gpus or shares else ""
     gang = podspec.pod_gang(meta, spec) if asks else None
     return uid, PodRecord(
         sys.intern(node),
@@ -125,6 +130,7 @@ def pod_record(pod: Mapping[str, Any]) -> tuple[str, PodRecord] | None:
         key,
         podspec.pod_priority(spec),
         sys.intern(gang) if gang else None,
+        named,
     )
 
 

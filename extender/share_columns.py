@@ -53,14 +53,15 @@ def place(
         ok &= take.sum(axis=1) >= whole
         after[take] = -1  # not a share's, for the rest of this placement
     leftover = np.zeros(free.shape[0], dtype=np.int64)
-    for k, need in enumerate(sorted(shares, reverse=True)):
+    largest = max(range(len(shares)), key=lambda k: shares[k], default=0)
+    for k, need in enumerate(shares):  # in the kubelet's order, as fit places them
         fits = after >= need
         cand = np.where(fits, after, _BIG)
         j = cand.argmin(axis=1)
         here = cand[rows, j] < _BIG
         ok &= here
         after[rows[here], j[here]] -= need
-        if k == 0:
+        if k == largest:
             leftover = np.where(here, after[rows, j], 0)
     if whole:
         after[take & (after == -1)] = 0

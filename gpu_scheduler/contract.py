@@ -163,7 +163,7 @@ ANN_GPUS = "gpu-scheduler.io/gpus"
 #: more; the agent still owns the key, to remove it from its node (docs/UPGRADING.md).
 ANN_LEGACY_HEARTBEAT = "gpu-scheduler.io/agent-heartbeat"
 #: What each GPU of a shared node has given out, as its kubelet says (PodResources):
-#: JSON, GPU UUID -> "namespace/name" -> units held, or "whole" (sharing.read_report).
+#: JSON, GPU UUID -> pod UID -> units held, or "whole" (sharing.read_report).
 ANN_GPU_SHARES = "gpu-scheduler.io/gpu-shares"
 AGENT_ANNOTATIONS: tuple[str, ...] = (ANN_GPUS, ANN_LEGACY_HEARTBEAT, ANN_GPU_SHARES)
 #: Keys of each GPU's entry in ANN_GPUS (a JSON array ordered by index) that the
@@ -172,6 +172,9 @@ GPU_UUID, GPU_HEALTHY, GPU_REASON = "uuid", "healthy", "reason"
 GPU_XID, GPU_SINCE = "xid", "since"
 GPU_MIG_ENABLED, GPU_MIG_DEVICES = "migEnabled", "migDevices"
 GPU_MEMORY_MIB = "memoryMiB"
+#: On a sharing node: the MiB of each GPU that no share is given (the agent's
+#: ``--gpu-memory-reserve``); its units of gpu-memory are (memoryMiB - this) // 1 GiB.
+GPU_RESERVED_MIB = "reservedMiB"
 #: An ANN_GPUS value longer than this is not read (a node has at most a few dozen GPUs).
 MAX_GPUS_ANNOTATION = 64 << 10
 

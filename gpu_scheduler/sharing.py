@@ -22,6 +22,7 @@ from gpu_scheduler import contract
 from gpu_scheduler.fields import expect_object, list_at
 from gpu_scheduler.jsondecode import decode_json
 from gpu_scheduler.podspec import container_request
+from gpu_scheduler.textclip import clip_text
 
 #: One unit of ``gpu-scheduler.io/gpu-memory``: 1 GiB of one GPU's memory.
 UNIT_MIB = 1024
@@ -35,6 +36,9 @@ MAX_GPUS = 64
 ID_SEPARATOR = "::"
 #: What the agent's ANN_GPU_SHARES says a pod holds of a GPU when it holds it whole.
 WHOLE = "whole"
+#: A pod's key in ANN_GPU_SHARES is its UID (at most this long; never a ``/``: a key
+#: with one is an older agent's ``namespace/name``, and such a report is not read).
+MAX_POD_KEY = 128
 MAX_SHARES_ANNOTATION = 256 << 10
 
 
@@ -42,18 +46,22 @@ class ShareError(ValueError):
     """A share request that no GPU could ever meet, in words for the user."""
 
 
-def gpu_units(memory_mib: int | None) -> int:
-    """The units of sharing one GPU of ``memory_mib`` MiB offers (0 if unknown)."""
+def gpu_units(memory_mib: int | None, reserved_mib: int = 0) -> int:
+    """The units of sharing one GPU of ``memory_mib`` MiB offers (0 if unknown), less
+    ``reserved_mib`` kept back for what no share asks (the driver's reserved memory,
+    the MPS server, each tenant's CUDA context; the agent's ``--gpu-memory-reserve``,
+    published per GPU as ``contract.GPU_RESERVED_MIB``)."""
     if memory_mib is None or memory_mib <= 0:
         return 0
-    return min(memory_mib // UNIT_MIB, MAX_UNITS)
+    return min(max(memory_mib - max(reserved_mib, 0), 0) // UNIT_MIB, MAX_UNITS)
 
 
 @dataclass(frozen=True, slots=True)
 class ShareRequest:
     """What a pod asks of shared GPUs: one entry per container that asks a share
-    (units, in container order; app containers, then sidecars), and the container's
-    name for messages."""
+    (units, in the kubelet's order: sidecars in spec order, then app containers in
+    spec order, the order in which the kubelet allocates them and :func:`fit` places
+    them), and the container's name for messages."""
 
     units: tuple[int, ...]
     containers: tuple[str, ...] = ()
@@ -80,7 +88,9 @@ def pod_shares(spec: Any) -> ShareRequest:
     spec = expect_object(spec, "spec")
     units: list[int] = []
     names: list[str] = []
-    kinds = (("containers", False), ("initContainers", True))
+    # The kubelet's order (devicemanager's Allocate: init containers, sidecars among
+    # them, in spec order, then app containers in spec order): fit places in it.
+    kinds = (("initContainers", True), ("containers", False))
     for key, init in kinds:
         for i, container in enumerate(list_at(spec, key, f"spec.{key}")):
             where = f"spec.{key}[{i}]"
@@ -116,6 +126,44 @@ def _names(container: Mapping[str, Any], resource: str) -> bool:
     already read well-typed by :func:`container_request`)."""
     resources = container.get("resources") or {}
     return any(resource in (resources.get(kind) or {}) for kind in ("requests", "limits"))
+
+
+def order_refusal(spec: Mapping[str, Any]) -> str | None:
+    """Why the kubelet would place this pod otherwise than :func:`fit` does, or None.
+
+    The kubelet allocates a pod's devices container by container: init containers
+    (sidecars among them) in spec order, then app containers in spec order. :func:`fit`
+    takes the pod's whole GPUs first; where a container asking a share comes before one
+    that takes new whole GPUs, the share is placed first and may break the GPU the
+    extender counted whole. A container that only reuses whole GPUs a plain init
+    container held before (the kubelet's ``devicesToReuse``) takes none. Read after
+    :func:`pod_shares` and ``pod_gpu_request`` accepted the spec."""
+    share_first: str | None = None
+    reusable = 0  # whole GPUs of plain init containers not yet taken on by another
+    for key in ("initContainers", "containers"):
+        for i, container in enumerate(list_at(spec, key, f"spec.{key}")):
+            where = f"spec.{key}[{i}]"
+            if not isinstance(container, Mapping):
+                continue
+            name = container.get("name")
+            name = name if isinstance(name, str) else where
+            if container_request(container, contract.RESOURCE_GPU_MEMORY, where) != 0:
+                share_first = share_first or name
+                continue
+            asked = int(container_request(container, contract.RESOURCE_GPU, where))
+            new = max(asked - reusable, 0)
+            if key == "initContainers" and container.get("restartPolicy") != "Always":
+                reusable += new  # a plain init container hands all it holds on
+            else:
+                reusable -= asked - new  # those it reused are its own from now
+            if share_first and new:
+                return (
+                    f"container {clip_text(share_first, 64)} asks {contract.RESOURCE_GPU_MEMORY} "
+                    f"before container {clip_text(name, 64)} asks {contract.RESOURCE_GPU}: the "
+                    "kubelet allocates in order (init containers first), the scheduler "
+                    "whole GPUs first: ask whole GPUs in the earlier containers"
+                )
+    return None
 
 
 def reserved_env(spec: Mapping[str, Any]) -> str | None:
@@ -178,10 +226,14 @@ class Placement:
 def fit(gpus: Sequence[Gpu], shares: Sequence[int], whole: int = 0) -> Placement | None:
     """Where on these GPUs a pod asking ``whole`` GPUs and ``shares`` goes, or None.
 
-    The rule: whole GPUs are the wholly free ones, lowest index first; then each share,
-    the largest first, goes to the GPU with the least free memory that holds it (best
-    fit; ties to the lowest index), never to one this pod takes whole. Best fit packs
-    within GPUs: a partly used GPU is filled before a free one is broken into.
+    The rule is the kubelet's, container by container, as the device plugin's
+    ``GetPreferredAllocation`` steers it: whole GPUs are the wholly free ones, lowest
+    index first; then each share, in the order given (:func:`pod_shares` gives the
+    kubelet's), goes to the GPU with the least free memory that holds it (best fit;
+    ties to the lowest index), never to one this pod takes whole. Best fit packs
+    within GPUs: a partly used GPU is filled before a free one is broken into. The
+    kubelet takes a pod's whole GPUs first only where no share container comes before
+    one that takes new whole GPUs: the webhook refuses the others (:func:`order_refusal`).
     """
     free = [g.free for g in gpus]
     taken: list[int] = []
@@ -192,8 +244,7 @@ def fit(gpus: Sequence[Gpu], shares: Sequence[int], whole: int = 0) -> Placement
         for i in taken:
             free[i] = -1
     where = [0] * len(shares)
-    for k in sorted(range(len(shares)), key=lambda k: -shares[k]):
-        need = shares[k]
+    for k, need in enumerate(shares):
         best = -1
         for i, left in enumerate(free):
             if left >= need and (best < 0 or left < free[best]):
@@ -239,9 +290,11 @@ Report = Mapping[str, Mapping[str, "int | str"]]
 
 
 def read_report(value: Any) -> dict[str, dict[str, int | str]] | None:
-    """The agent's ``gpu-scheduler.io/gpu-shares`` annotation: GPU UUID → pod
-    (``namespace/name``) → units it holds there, or ``"whole"``. None when absent or
-    unreadable (then the extender fits every bound pod itself)."""
+    """The agent's ``gpu-scheduler.io/gpu-shares`` annotation: GPU UUID → pod UID →
+    units it holds there, or ``"whole"``. None when absent or unreadable (then the
+    extender fits every bound pod itself), and for an older agent's report keyed by
+    ``namespace/name``: a pod recreated under the same name would inherit what the
+    old one held, so such a report is recomputed, never matched by name."""
     if not isinstance(value, str) or not value or len(value) > MAX_SHARES_ANNOTATION:
         return None
     try:
@@ -256,6 +309,8 @@ def read_report(value: Any) -> dict[str, dict[str, int | str]] | None:
             return None
         held: dict[str, int | str] = {}
         for pod, units in pods.items():
+            if not pod or len(pod) > MAX_POD_KEY or "/" in pod:
+                return None
             ok = units == WHOLE or (
                 isinstance(units, int) and not isinstance(units, bool) and 0 < units <= MAX_UNITS
             )
@@ -270,7 +325,7 @@ def read_report(value: Any) -> dict[str, dict[str, int | str]] | None:
 class BoundPod:
     """A pod bound to a shared node, as the usage below needs it."""
 
-    key: str  # namespace/name, as the kubelet's PodResources names it
+    key: str  # the pod's UID, as the agent's report names it
     whole: int
     shares: tuple[int, ...]
 
@@ -343,7 +398,9 @@ def node_gpus(
             uuid, memory = entry.get(contract.GPU_UUID), entry.get(contract.GPU_MEMORY_MIB)
             if not isinstance(uuid, str) or not uuid or len(uuid) > 128:
                 return ()
-            units = gpu_units(memory) if type(memory) is int else 0
+            reserved = entry.get(contract.GPU_RESERVED_MIB)
+            reserved = reserved if type(reserved) is int and reserved > 0 else 0
+            units = gpu_units(memory, reserved) if type(memory) is int else 0
             mig = entry.get(contract.GPU_MIG_ENABLED) is True
             healthy = entry.get(contract.GPU_HEALTHY) is not False and not mig
             gpus.append((uuid, 0 if mig else units, healthy))

@@ -73,6 +73,7 @@ from gpu_scheduler.sharing import (
     NO_SHARES,
     ShareError,
     ShareRequest,
+    order_refusal,
     pod_shares,
     reserved_env,
 )
@@ -152,7 +153,7 @@ def decide(pod: Any, cfg: WebhookConfig) -> Decision:
     if decided:
         scheduler = current or DEFAULT_SCHEDULER
         return Decision(NODE_DECIDED, gpus=gpus, scheduler=scheduler, detail=decided)
-    refusal = refusal or (reserved_env(spec) if shares else None)
+    refusal = refusal or (reserved_env(spec) or order_refusal(spec) if shares else None)
     if refusal is not None:
         return Decision(REFUSED, gpus=gpus, detail=clip_text(refusal, MAX_WARNING))
 

@@ -5,10 +5,13 @@ turns these into protobuf messages.
 
 Two resources share each GPU of a sharing node: ``gpu-scheduler.io/gpu-memory`` (one
 device ID per GiB, ``<uuid>::<k>``) and ``nvidia.com/gpu`` (one ID per GPU, its UUID).
-The kubelet counts them apart, so the lists keep them from overlapping: a GPU's whole
-ID is Unhealthy while any of its shares is allocated, and all its share IDs are
-Unhealthy while it is given whole. Allocate checks the same once more, for the moment
-between an allocation and the kubelet reading the list that followed it.
+The kubelet counts them apart, and its allocatable of each is the Healthy IDs: so the
+lists mark only a sick GPU's IDs Unhealthy, never a busy one's (load is not missing
+capacity: kube-scheduler's preemption and its count of a node's GPUs read allocatable).
+The two never overlap on one GPU all the same: ``GetPreferredAllocation`` offers a
+share only on a GPU not given whole and whole GPUs only without a share, by what this
+plugin handed out and PodResources reports (so a container sees what an earlier one of
+the same pod was just given), and Allocate refuses an overlap (FAILED_PRECONDITION).
 """
 
 from __future__ import annotations
@@ -162,21 +165,17 @@ def shared_gpus(share_devices: Iterable[str]) -> set[str]:
 
 
 def device_lists(
-    gpus: Sequence[GpuInfo],
-    unhealthy: Collection[str],
-    allocated: Mapping[str, Collection[str]],
+    gpus: Sequence[GpuInfo], unhealthy: Collection[str]
 ) -> dict[str, tuple[Device, ...]]:
-    """Both resources' device lists: a sick GPU has every ID Unhealthy; a GPU with a
-    share allocated has its whole ID Unhealthy; a GPU given whole has its share IDs
-    Unhealthy. ``allocated``: resource name -> the IDs allocated now."""
-    shared = shared_gpus(allocated.get(SHARES, ()))
-    whole = set(allocated.get(WHOLE, ()))
+    """Both resources' device lists: a sick GPU (or one in MIG mode) has every ID
+    Unhealthy, every other ID is Healthy, whatever holds it: what is allocated is the
+    kubelet's count, and the overlap of the two resources is kept off by the preferred
+    allocations and Allocate's checks."""
     shares: list[Device] = []
     wholes: list[Device] = []
     for gpu in gpus:
-        sick = gpu.uuid in unhealthy or gpu.mig
-        wholes.append(Device(gpu.uuid, not (sick or gpu.uuid in shared), gpu.numa))
-        ok = not (sick or gpu.uuid in whole)
+        ok = not (gpu.uuid in unhealthy or gpu.mig)
+        wholes.append(Device(gpu.uuid, ok, gpu.numa))
         shares.extend(Device(i, ok, gpu.numa) for i in share_ids(gpu))
     return {SHARES: tuple(shares), WHOLE: tuple(wholes)}
 
@@ -193,11 +192,19 @@ def unique(ids: Iterable[str], what: str) -> list[str]:
 
 
 def preferred_shares(
-    gpus: Sequence[GpuInfo], available: Iterable[str], must: Iterable[str], size: int
+    gpus: Sequence[GpuInfo],
+    available: Iterable[str],
+    must: Iterable[str],
+    size: int,
+    whole: Collection[str] = (),
+    taken: Collection[str] = (),
 ) -> list[str]:
     """The gpu-memory IDs a container of ``size`` units should get: all on one GPU,
     the one :func:`gpu_scheduler.sharing.fit` picks among the available IDs (best
-    fit: the GPU with the least room that holds it), its lowest units first.
+    fit: the GPU with the least room that holds it), its lowest units first. A GPU
+    given whole (``whole``: the nvidia.com/gpu IDs allocated, an earlier container of
+    the same pod's among them) offers none, nor does an ID allocated already
+    (``taken``) that the kubelet's list still offers.
 
     ``must`` (IDs the container already holds) on one GPU: that GPU is filled from its
     available IDs. When that cannot be (``must`` spans GPUs, or its GPU has too little
@@ -217,15 +224,17 @@ def preferred_shares(
     for device in unique(available, "available_deviceIDs"):
         parsed = parse_share(device)
         gpu = known.get(parsed[0]) if parsed else None
-        if parsed is not None and gpu is not None and parsed[1] < gpu.units:
+        if parsed is None or gpu is None or parsed[1] >= gpu.units:
+            continue
+        if gpu.uuid not in whole and device not in taken:
             free.setdefault(gpu.uuid, []).append(parsed[1])
     on = {_share_of(known, d)[0].uuid for d in must_ids}
     if len(on) > 1:
         return must_ids
     if on:
         (uuid,) = on
-        taken = set(must_ids)
-        fill = [i for i in _ids(uuid, free.get(uuid, [])) if i not in taken]
+        held = set(must_ids)
+        fill = [i for i in _ids(uuid, free.get(uuid, [])) if i not in held]
         need = size - len(must_ids)
         return must_ids + fill[:need] if len(fill) >= need else must_ids
     rows = [g for g in gpus if g.units > 0]
@@ -252,9 +261,10 @@ def preferred_whole(
     shared: Collection[str],
 ) -> list[str]:
     """The nvidia.com/gpu IDs a container of ``size`` GPUs should get: ``must`` first,
-    then the wholly free GPUs (no share in use) as :func:`sharing.fit` takes them
-    (lowest index first), then, if those are too few, the other available GPUs by
-    index (the kubelet's list has them Unhealthy: only a stale list offers them)."""
+    then the wholly free GPUs (no share in use, ``shared``: an earlier container of the
+    same pod's among them) as :func:`sharing.fit` takes them (lowest index first),
+    then, if those are too few, the other available GPUs by index: Allocate refuses
+    those with a share in use, and the kubelet fails the pod (a bypassed scheduler)."""
     known = {g.uuid: g for g in gpus}
     must_ids = unique(must, "must_include_deviceIDs")
     for uuid in must_ids:

@@ -105,7 +105,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             available = _bounded(container.available_deviceIDs, "available_deviceIDs")
             must = _bounded(container.must_include_deviceIDs, "must_include_deviceIDs")
             if self.resource == SHARES:
-                ids = preferred_shares(view.gpus, available, must, size)
+                ids = preferred_shares(
+                    view.gpus, available, must, size, view.whole, view.allocated[SHARES]
+                )
                 if len(ids) < size:
                     log.warning(
                         "device plugin: no preferred allocation on one GPU; the kubelet "

@@ -10,10 +10,16 @@ kubelet's PodResources ``List``). A source that raises leaves its last answer in
 place.
 
 To what the kubelet reports, the IDs this plugin handed out in Allocate are added,
-since PodResources shows a container's devices only some time after its Allocate:
+since PodResources shows a container's devices only some time after its Allocate (the
+kubelet asks for a pod's next container at once: its preferred allocation must already
+see what the previous one was given):
 each stays counted until the allocated source reports it (from then on the source
 alone says when it is released) or, when it never does (the pod failed to start),
 for ``grace_s``.
+
+Until the allocated source has answered once, every ID is listed Unhealthy (fail
+closed): a GPU whose shares are held must not be offered whole, nor the reverse,
+because the plugin started before the kubelet could say so.
 """
 
 from __future__ import annotations
@@ -98,8 +104,10 @@ class PluginState:
         self._gpus: tuple[GpuInfo, ...] = ()
         self._unhealthy: frozenset[str] = frozenset()
         self._reported: dict[str, frozenset[str]] = {r: frozenset() for r in RESOURCES}
+        #: Whether the allocated source ever answered: until then nothing is offered.
+        self.allocated_known = False
         self._recent: dict[tuple[str, str], float] = {}
-        self._lists = device_lists((), (), {})
+        self._lists = device_lists((), ())
         self._errors: dict[str, str] = {}
         self.version = 0
         self.closed = False
@@ -118,6 +126,7 @@ class PluginState:
                 self._unhealthy = unhealthy
             if reported is not None:
                 self._reported = reported
+                self.allocated_known = True
             self._forget(self.monotonic(), reported is not None)
             return self._relist()
 
@@ -148,7 +157,10 @@ class PluginState:
                 del self._recent[key]
 
     def _relist(self) -> bool:
-        lists = device_lists(self._gpus, self._unhealthy, self._allocated())
+        unhealthy = self._unhealthy
+        if not self.allocated_known:  # fail closed: what is held is not known yet
+            unhealthy = frozenset(g.uuid for g in self._gpus)
+        lists = device_lists(self._gpus, unhealthy)
         if lists == self._lists:
             return False
         self._lists = lists

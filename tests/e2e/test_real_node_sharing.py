@@ -49,7 +49,8 @@ MPS_ROOT = realnode.HOST_DIR / "mps"  # swept with the node
 PLUGINS = realnode.DEVICE_PLUGINS
 POD_RESOURCES = realnode.HOST_DIR / "kubelet" / "pod-resources"
 CHART = ROOT / "charts" / "gpu-scheduler"
-UNITS = sharing.gpu_units(h100_inventory(1)["gpus"][0]["memoryMiB"])  # 79 per GPU
+#: 77 per GPU: (81,559 MiB - the agent's default reserve of 2,048) // 1,024.
+UNITS = sharing.gpu_units(h100_inventory(1)["gpus"][0]["memoryMiB"], 2048)
 
 
 def _lab_files() -> None:
@@ -228,10 +229,16 @@ def test_a_pod_that_fits_the_total_but_no_single_gpu_waits_with_its_reason(share
 
 def test_the_agent_reports_what_each_gpu_gave_out(shared):
     shared, _ = shared
+    core = client.CoreV1Api(shared.api)
+    names = {  # the report names pods by UID
+        core.read_namespaced_pod(n, "default").metadata.uid: f"default/{n}"
+        for n in ("share-a", "share-b", "share-c")
+    }
 
     def report() -> dict[str, Any]:
         annotations = _node(shared).metadata.annotations or {}
-        return json.loads(annotations.get(contract.ANN_GPU_SHARES, "{}"))
+        by_uid = json.loads(annotations.get(contract.ANN_GPU_SHARES, "{}"))
+        return {g: {names.get(p, p): u for p, u in pods.items()} for g, pods in by_uid.items()}
 
     def held() -> dict[str, Any]:
         return {pod: units for pods in report().values() for pod, units in pods.items()}

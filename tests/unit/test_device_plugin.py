@@ -302,22 +302,18 @@ def test_list_and_watch_sends_changes_and_only_changes(plugin, sources, folder, 
     listed = shares.next()
     assert {listed[i] for i in ids(C, range(8))} == {"Unhealthy"}
 
-    allocate(folder, SHARES, ids(A, [0, 1]))  # counts at once, before PodResources shows it
-    assert whole.next() == {A: "Unhealthy", B: "Healthy", C: "Unhealthy"}
-    assert shares.quiet()  # the share list itself did not change
-
+    # Load is not missing capacity (issue 49 item 8): a share in use, or a GPU given
+    # whole, changes neither list; the kubelet's allocatable of both stays.
+    allocate(folder, SHARES, ids(A, [0, 1]))
+    assert whole.quiet() and shares.quiet()
     sources.allocated[SHARES] = set(ids(A, [0, 1]))  # PodResources shows it
+    sources.allocated[WHOLE] = {B}  # B given whole
     plugin.tick()
-    assert whole.quiet()
-    sources.allocated[SHARES] = set()  # the pod is gone
-    plugin.tick()
-    assert whole.next()[A] == "Healthy"
+    assert whole.quiet() and shares.quiet()
 
-    sources.allocated[WHOLE] = {B}  # B given whole: its shares go
+    sources.unhealthy = set()  # C well again
     plugin.tick()
-    listed = shares.next()
-    assert {listed[i] for i in ids(B, range(8))} == {"Unhealthy"}
-    assert whole.quiet()
+    assert whole.next()[C] == "Healthy"
 
 
 def test_topology_is_sent_when_known(plugin, folder):
@@ -327,17 +323,15 @@ def test_topology_is_sent_when_known(plugin, folder):
 
 
 def test_a_handed_out_id_never_reported_is_released_after_grace(plugin, folder, sources, clock):
-    whole = Stream(folder, WHOLE)
-    whole.next()
     allocate(folder, SHARES, ids(B, [0]))
-    assert whole.next()[B] == "Unhealthy"
+    assert preferred(folder, WHOLE, [A, B, C], 1) == [A]  # B holds a share: not whole
     sources.failing = True  # PodResources down: the last answer and the handed-out IDs stay
     clock.now += 61
     plugin.tick()
-    assert whole.quiet()
+    assert preferred(folder, WHOLE, [A, B, C], 2) == [A, C]
     sources.failing = False
     plugin.tick()
-    assert whole.next()[B] == "Healthy"
+    assert preferred(folder, WHOLE, [A, B, C], 2) == [A, B]
 
 
 # --- GetPreferredAllocation -----------------------------------------------------------------
@@ -367,6 +361,25 @@ def test_preferred_whole_gpus_avoid_shared_ones(plugin, folder, sources):
     plugin.tick()
     assert preferred(folder, WHOLE, [A, B, C], 1) == [B]
     assert preferred(folder, WHOLE, [C, A, B], 2) == [B, C]
+
+
+def test_a_later_container_of_the_pod_sees_the_gpus_just_given_whole(plugin, folder):
+    """Issue 49 item 10: the kubelet allocates a pod container by container. A GPU the
+    first container was just given whole is in no list yet (PodResources has not caught
+    up, and the share IDs stay Healthy): the next container's share must not be steered
+    onto it, or Allocate refuses and the pod fails admission."""
+    everything = ids(A, range(4)) + ids(B, range(8)) + ids(C, range(8))
+    assert preferred(folder, SHARES, everything, 6) == ids(B, range(6))
+    allocate(folder, WHOLE, [B])  # the first container: B whole
+    assert preferred(folder, SHARES, everything, 6) == ids(C, range(6))
+    allocate(folder, SHARES, ids(C, range(6)))  # the second container's share
+    # A third container's 3 GiB: the tightest that holds it is A (4), then C's 2 left
+    # is too small; never B. A fourth container asking whole GPUs: A and C hold shares.
+    assert preferred(folder, SHARES, everything, 3) == ids(A, range(3))
+    assert preferred(folder, SHARES, everything[4:], 2) == ids(C, [6, 7])  # C's free IDs
+    allocate(folder, SHARES, ids(A, range(3)))
+    error = refused(allocate, folder, WHOLE, [A])
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
 @HOSTILE

@@ -26,23 +26,23 @@ def health(devices) -> dict[str, bool]:
 
 
 def test_lists_name_every_unit_and_every_gpu():
-    lists = dv.device_lists(GPUS, set(), {})
+    lists = dv.device_lists(GPUS, set())
     assert [d.id for d in lists[WHOLE]] == [A, B, C]
     assert [d.id for d in lists[SHARES]] == ids(A, range(4)) + ids(B, range(8)) + ids(C, range(8))
     assert all(d.healthy for r in lists.values() for d in r)
 
 
-def test_a_share_in_use_makes_the_whole_gpu_unhealthy_and_whole_use_the_shares():
-    lists = dv.device_lists(GPUS, set(), {SHARES: {f"{A}::2"}, WHOLE: {B}})
-    whole, shares = health(lists[WHOLE]), health(lists[SHARES])
-    assert whole == {A: False, B: True, C: True}
-    assert all(shares[i] for i in ids(A, range(4)))  # its shares stay free to give
-    assert not any(shares[i] for i in ids(B, range(8)))
-    assert all(shares[i] for i in ids(C, range(8)))
+def test_load_never_makes_an_id_unhealthy():
+    """Issue 49 item 8: the kubelet's allocatable is the Healthy IDs, so a busy GPU's
+    other resource stays Healthy (load is not missing capacity); only a sick GPU's IDs
+    go. The lists no longer read what is allocated at all."""
+    lists = dv.device_lists(GPUS, set())
+    assert all(d.healthy for r in lists.values() for d in r)
+    assert "allocated" not in dv.device_lists.__code__.co_varnames
 
 
 def test_a_sick_gpu_has_every_id_unhealthy():
-    lists = dv.device_lists(GPUS, {C}, {})
+    lists = dv.device_lists(GPUS, {C})
     assert not health(lists[WHOLE])[C]
     assert not any(health(lists[SHARES])[i] for i in ids(C, range(8)))
     assert health(lists[WHOLE])[A]
@@ -59,7 +59,7 @@ def test_inventory_gpus_mig_gpus_offer_nothing_and_sick_ones_keep_their_units():
     )
     gpus = dv.gpus_from_inventory(inventory)
     assert gpus == (GpuInfo(A, 0, 0, None, True), GpuInfo(B, 1, 79))
-    assert not health(dv.device_lists(gpus, set(), {})[WHOLE])[A]
+    assert not health(dv.device_lists(gpus, set())[WHOLE])[A]
     sick = (GpuInfo(A, 0, 0, None, True), GpuInfo(B, 1, 0))  # NVML reads no memory
     assert dv.remember_units(gpus, sick)[1].units == 79
 
@@ -103,10 +103,24 @@ def test_preferred_shares_when_nothing_fits_or_nothing_is_asked():
     assert dv.preferred_shares(GPUS, noisy, [], 4) == ids(A, range(4))
 
 
+def test_preferred_shares_skip_gpus_given_whole_and_ids_allocated():
+    """Issue 49 item 10: the kubelet's list offers every healthy ID, a GPU given whole
+    (a moment ago, to an earlier container of the same pod) included; the plugin's own
+    count keeps a share off it, and off IDs it already handed out."""
+    available = ids(A, range(4)) + ids(B, range(8)) + ids(C, range(8))
+    assert dv.preferred_shares(GPUS, available, [], 5) == ids(B, range(5))
+    assert dv.preferred_shares(GPUS, available, [], 5, whole={B}) == ids(C, range(5))
+    assert dv.preferred_shares(GPUS, available, [], 5, whole={B, C}) == []
+    assert dv.preferred_shares(GPUS, available, [], 3, whole={B}) == ids(A, range(3))
+    taken = set(ids(A, [0, 1]))  # handed out, the kubelet's list not caught up
+    assert dv.preferred_shares(GPUS, available, [], 2, (), taken) == ids(A, [2, 3])
+    assert dv.preferred_shares(GPUS, available, [], 3, (), taken) == ids(B, range(3))
+
+
 def test_preferred_whole_takes_wholly_free_gpus_lowest_index_first():
     assert dv.preferred_whole(GPUS, [C, B, A], [], 2, {A}) == [B, C]
     assert dv.preferred_whole(GPUS, [C, B, A], [C], 2, set()) == [C, A]
-    assert dv.preferred_whole(GPUS, [A, B], [], 2, {A}) == [B, A]  # stale list: A last
+    assert dv.preferred_whole(GPUS, [A, B], [], 2, {A}) == [B, A]  # too few: A last
     with pytest.raises(Refused):
         dv.preferred_whole(GPUS, [A], ["GPU-nope"], 1, set())
 

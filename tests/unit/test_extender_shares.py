@@ -126,11 +126,21 @@ def test_a_pod_that_fits_the_total_but_no_single_gpu_waits_with_the_largest_piec
 
 def test_the_node_report_says_where_a_pod_went(make_world):
     # The kubelet put p1 on GPU 1, not where the fit replay would have put it.
-    report = {"GPU-s1-1": {"default/p1": 40}, "GPU-s1-0": {"default/gone": 80}}
+    report = {"GPU-s1-1": {"uid-default-p1": 40}, "GPU-s1-0": {"uid-default-gone": 80}}
     _, cache = make_world(s1_report=report)
     gpus = cache.view().gpus["s1"]
     # default/gone is not bound: ignored; p1 is on GPU 1.
     assert [(g.free, g.whole_free) for g in gpus] == [(80, True), (40, False)]
+
+
+def test_an_older_agents_report_by_name_is_not_read_but_recomputed(make_world):
+    """Upgrade: an agent not yet upgraded names pods namespace/name. Matched by name,
+    a recreated pod would inherit the old one's GPU: the report is refused whole and
+    every bound pod fitted by the rule."""
+    report = {"GPU-s1-1": {"default/p1": 40}}
+    assert sharing.read_report(json.dumps(report)) is None
+    _, cache = make_world(s1_report=report)
+    assert [(g.free, g.whole_free) for g in cache.view().gpus["s1"]] == [(40, False), (80, True)]
 
 
 def test_a_whole_gpu_pod_never_takes_a_partly_used_gpu(make_world):

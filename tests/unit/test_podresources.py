@@ -18,14 +18,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent import podresources
 from agent import podresources_pb2 as pb
 from agent import podresources_pb2_grpc as pb_grpc
 from agent.podresources import (
     MALFORMED,
+    NO_UID,
     NOT_OURS,
     OVER,
-    UNNAMED,
     PodResourcesClient,
     allocated_ids,
     encode_report,
@@ -61,6 +60,18 @@ def pod(namespace: str, name: str, *containers: list[tuple[str, list[str]]]) -> 
 
 def answer(*pods: pb.PodResources) -> pb.ListPodResourcesResponse:
     return pb.ListPodResourcesResponse(pod_resources=list(pods))
+
+
+def uids_of(response: pb.ListPodResourcesResponse) -> dict[str, str]:
+    """What the kubelet's device checkpoint would say: each device ID's pod UID
+    (``uid-<namespace>-<name>`` here)."""
+    return {
+        device: f"uid-{p.namespace}-{p.name}"
+        for p in response.pod_resources
+        for c in p.containers
+        for d in c.devices
+        for device in d.device_ids
+    }
 
 
 NORMAL = answer(
@@ -125,9 +136,9 @@ def test_the_client_reads_the_kubelets_answer(kubelet):
     got = client.list()
     assert got.ok and not got.stale and got.error is None
     assert got.response == NORMAL
-    assert shares_report(got.response, OURS) == {
-        A: {"ml/train": 4},
-        B: {"batch/big": "whole", "ml/infer": 2},
+    assert shares_report(got.response, OURS, uids_of(NORMAL)) == {
+        A: {"uid-ml-train": 4},
+        B: {"uid-batch-big": "whole", "uid-ml-infer": 2},
     }
     assert client.last().response == NORMAL
     client.close()
@@ -224,6 +235,8 @@ def test_a_restarted_kubelet_is_read_again(sock_dir):
 
 # --- the report: pure ----------------------------------------------------------------
 def test_foreign_malformed_and_unnamed_ids_are_skipped_and_counted():
+    """And pods whose UID the checkpoint does not give (or gives several, or one a
+    reader would refuse) are left out: the extender then fits them itself."""
     hostile = answer(
         pod(
             "ml",
@@ -234,14 +247,19 @@ def test_foreign_malformed_and_unnamed_ids_are_skipped_and_counted():
             ],
             [(GPU, [A, f"{B}::0", "GPU-unknown", "0"])],  # whole A; 3 not ours
         ),
-        pod("", "nameless", [(MEM, ids(B, 1))]),
-        pod("Bad_NS", "x", [(MEM, ids(B, 2))]),
-        pod("ns", "a" * 254, [(GPU, [B])]),
-        pod("ns.dotted", "x", [(MEM, ids(B, 3))]),
+        pod("ns", "slashed", [(MEM, ids(B, 1))]),
+        pod("ns", "unknown", [(MEM, ids(B, 2))]),
+        pod("ns", "long", [(GPU, [B])]),
+        pod("ns", "two", [(MEM, ids(B, 3, 4))]),
     )
-    shares = read_shares(hostile, OURS)
-    assert shares.report == {A: {"ml/mixed": "whole"}, B: {}}
-    assert shares.skipped == {MALFORMED: 5, NOT_OURS: 5, UNNAMED: 4}
+    uids = uids_of(hostile)
+    uids[ids(B, 1)[0]] = "ns/slashed"  # an old report's key: never written
+    del uids[ids(B, 2)[0]]
+    uids[B] = "u" * (sharing.MAX_POD_KEY + 1)
+    uids[ids(B, 4)[0]] = "uid-another"
+    shares = read_shares(hostile, OURS, uids)
+    assert shares.report == {A: {"uid-ml-mixed": "whole"}, B: {}}
+    assert shares.skipped == {MALFORMED: 5, NOT_OURS: 5, NO_UID: 5}
 
 
 def test_units_are_distinct_ids_per_gpu_summed_over_containers():
@@ -254,36 +272,37 @@ def test_units_are_distinct_ids_per_gpu_summed_over_containers():
         ),
         pod("ml", "p", [(MEM, ids(A, 9))]),  # the same pod twice: merged
     )
-    assert shares_report(reused, OURS) == {A: {"ml/p": 4}, B: {"ml/p": 1}}
-    assert shares_report(reused, ()) == {}
+    report = shares_report(reused, OURS, uids_of(reused))
+    assert report == {A: {"uid-ml-p": 4}, B: {"uid-ml-p": 1}}
+    assert shares_report(reused, (), {}) == {}
 
 
 def test_a_huge_answer_is_capped_to_what_a_reader_accepts():
     flood = answer(pod("ml", "flood", [(MEM, ids(A, *range(sharing.MAX_UNITS + 500)))]))
-    shares = read_shares(flood, OURS)
-    assert shares.report[A] == {"ml/flood": sharing.MAX_UNITS}
+    shares = read_shares(flood, OURS, uids_of(flood))
+    assert shares.report[A] == {"uid-ml-flood": sharing.MAX_UNITS}
     assert shares.skipped == {OVER: 500}
     assert sharing.read_report(shares.encoded) == shares.report
 
 
 def test_the_encoding_round_trips_and_is_one_string_for_one_report():
-    report = shares_report(NORMAL, OURS)
+    report = shares_report(NORMAL, OURS, uids_of(NORMAL))
     text = encode_report(report)
     assert text == (
-        '{"GPU-aaaaaaaa-1111-2222-3333-444444444444":{"ml/train":4},'
-        '"GPU-bbbbbbbb-1111-2222-3333-444444444444":{"batch/big":"whole","ml/infer":2}}'
+        '{"GPU-aaaaaaaa-1111-2222-3333-444444444444":{"uid-ml-train":4},'
+        '"GPU-bbbbbbbb-1111-2222-3333-444444444444":{"uid-batch-big":"whole","uid-ml-infer":2}}'
     )
     assert sharing.read_report(text) == report
     shuffled = answer(*reversed(NORMAL.pod_resources))
-    assert read_shares(shuffled, (B, A)).encoded == text
+    assert read_shares(shuffled, (B, A), uids_of(shuffled)).encoded == text
     assert encode_report({}) == "{}" and sharing.read_report("{}") == {}
 
 
 def test_a_report_a_reader_would_refuse_is_not_written():
     many = answer(
-        *(pod("namespace-x", f"pod-{i:05d}-{'n' * 40}", [(GPU, [A])]) for i in range(5000))
+        *(pod("namespace-x", f"pod-{i:05d}-{'n' * 40}", [(MEM, ids(A, i))]) for i in range(5000))
     )
-    report = shares_report(many, OURS)
+    report = shares_report(many, OURS, uids_of(many))
     assert len(report[A]) == 5000
     assert encode_report(report) is None
     assert encode_report({f"GPU-{i}": {} for i in range(sharing.MAX_GPUS + 1)}) is None
@@ -302,15 +321,6 @@ def test_allocated_ids_are_every_resources_ids_in_use():
     assert allocated_ids(answer()) == {}
 
 
-def test_the_pod_key_is_namespace_slash_name():
-    assert podresources.pod_key(pb.PodResources(namespace="kube-system", name="a.b-1")) == (
-        "kube-system/a.b-1"
-    )
-    assert podresources.pod_key(pb.PodResources(namespace="a/b", name="c")) is None
-    assert podresources.pod_key(pb.PodResources(namespace="a" * 64, name="c")) is None
-
-
-# --- the wire contract ---------------------------------------------------------------
 def test_the_messages_are_the_kubelets_v1_fields_and_numbers():
     file = pb.DESCRIPTOR
     assert file.package == "v1"
@@ -355,7 +365,8 @@ def test_a_kubelet_answer_with_the_fields_left_out_here_still_decodes():
         1, _field(1, b"train") + _field(2, b"ml") + _field(3, container) + _field(5, memory)
     )
     response = pb.ListPodResourcesResponse.FromString(wire)
-    assert shares_report(response, OURS) == {A: {"ml/train": "whole"}, B: {}}
+    report = shares_report(response, OURS, uids_of(response))
+    assert report == {A: {"uid-ml-train": "whole"}, B: {}}
 
 
 def test_the_generated_modules_are_what_the_script_makes_of_the_proto():

@@ -40,8 +40,9 @@ def test_units_per_gpu_floor_to_whole_gib():
 def test_pod_shares_reads_each_container_and_sidecars():
     sidecar = {"name": "side", "restartPolicy": "Always", "resources": {"requests": {MEM: "4"}}}
     request = sharing.pod_shares(_spec({MEM: "20"}, {"cpu": "1"}, {MEM: 8}, init=[sidecar]))
-    assert request.units == (20, 8, 4)
-    assert request.containers == ("c0", "c2", "side")
+    # The kubelet's order: init containers (the sidecar), then app containers.
+    assert request.units == (4, 20, 8)
+    assert request.containers == ("side", "c0", "c2")
     assert request.total == 32
     assert not sharing.pod_shares(_spec({"cpu": "1"}))
     assert not sharing.pod_shares(None)
@@ -62,6 +63,24 @@ def test_pod_shares_refuses_what_no_gpu_meets(containers, words):
         sharing.pod_shares(_spec(*containers))
 
 
+def test_order_refusal_names_a_share_before_whole_gpus_in_the_kubelets_order():
+    gpu = contract.RESOURCE_GPU
+    assert sharing.order_refusal(_spec({gpu: "1"}, {MEM: "4"}, {MEM: "8"})) is None
+    assert sharing.order_refusal(_spec({MEM: "4"}, {"cpu": "1"})) is None
+    why = sharing.order_refusal(_spec({MEM: "4"}, {gpu: "2"}))
+    assert why is not None and why.startswith("container c0 asks gpu-scheduler.io/gpu-memory")
+    # A sidecar comes before every app container; a plain init container's whole GPUs
+    # come before the sidecars after it.
+    side = {"name": "side", "restartPolicy": "Always", "resources": {"limits": {MEM: "4"}}}
+    setup = {"name": "setup", "resources": {"limits": {gpu: "1"}}}
+    assert sharing.order_refusal(_spec({gpu: "1"}, init=[side])) is not None
+    assert sharing.order_refusal(_spec({MEM: "2"}, init=[setup, side])) is None
+    assert sharing.order_refusal(_spec({MEM: "2"}, init=[side, setup])) is not None
+    # An app container that only reuses a plain init container's GPUs takes none new.
+    assert sharing.order_refusal(_spec({gpu: "1"}, init=[setup, side])) is None
+    assert sharing.order_refusal(_spec({gpu: "2"}, init=[setup, side])) is not None
+
+
 def test_a_share_on_a_plain_init_container_is_refused():
     init = {"name": "setup", "resources": {"limits": {MEM: "4"}}}
     with pytest.raises(sharing.ShareError, match="init container setup"):
@@ -75,13 +94,22 @@ def test_pod_shares_names_the_malformed_field(value):
     assert "spec.containers[0]" in str(err.value)
 
 
-def test_fit_is_best_fit_largest_first():
+def test_fit_is_best_fit_in_the_kubelets_order():
     # 30 fits g1 (40 free) and g2 (80 free): the tighter one, g1.
     assert fit(_gpus(10, 40, 80), [30]) == Placement((), (1,))
-    # Largest first: 50 takes g2 (only it holds it), leaving 30 there, and the 30
-    # takes what is now the tightest that holds it: g2 again, not g1's 40.
-    assert fit(_gpus(10, 40, 80), [30, 50]) == Placement((), (2, 2))
+    # In the order given, as the kubelet allocates container by container: 50 takes
+    # g2 (only it holds it), leaving 30 there, and the 30 then takes the tightest that
+    # holds it: g2 again, not g1's 40.
+    assert fit(_gpus(10, 40, 80), [50, 30]) == Placement((), (2, 2))
+    # 30 first: g1 (40), then 50 on g2. Largest first would have put both on g2.
+    assert fit(_gpus(10, 40, 80), [30, 50]) == Placement((), (1, 2))
     assert fit(_gpus(10, 40, 80), [35, 50]) == Placement((), (1, 2))
+    # The issue's case: [4, 4, 5] on 8 and 5 GiB free. The kubelet gives the first 4
+    # the 5-GiB GPU, the second the 8-GiB one, and the 5 finds no room: no fit (largest
+    # first fitted it, and the pod then failed admission at the kubelet).
+    assert fit(_gpus(8, 5), [4, 4, 5]) is None
+    assert fit(_gpus(8, 5), [5, 4, 4]) == Placement((), (1, 0, 0))
+    assert fit(_gpus(10, 6), [4, 6]) == Placement((), (1, 0))
     # Two shares on one GPU when it holds both.
     assert fit(_gpus(80), [20, 20]) == Placement((), (0, 0))
     assert fit(_gpus(10, 40), [50]) is None
@@ -139,10 +167,12 @@ def test_device_ids_name_their_gpu():
 
 
 def test_read_report_accepts_units_and_whole_and_refuses_the_rest():
-    value = json.dumps({"GPU-a": {"ns/p": 20, "ns/q": "whole"}})
-    assert sharing.read_report(value) == {"GPU-a": {"ns/p": 20, "ns/q": "whole"}}
+    value = json.dumps({"GPU-a": {"uid-p": 20, "uid-q": "whole"}})
+    assert sharing.read_report(value) == {"GPU-a": {"uid-p": 20, "uid-q": "whole"}}
     for bad in (
         "", "[]", "{", json.dumps({"g": []}), json.dumps({"g": {"p": 0}}),
+        json.dumps({"g": {"ns/p": 20}}), json.dumps({"g": {"": 20}}),  # by name: an old agent
+        json.dumps({"g": {"u" * (sharing.MAX_POD_KEY + 1): 20}}),
         json.dumps({"g": {"p": True}}), json.dumps({"g": {"p": 10**9}}),
         json.dumps({"g": {"p": "half"}}), None, 7, "x" * (sharing.MAX_SHARES_ANNOTATION + 1),
     ):  # fmt: skip

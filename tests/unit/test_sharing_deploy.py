@@ -15,13 +15,16 @@ from tests.helpers import ROOT, required
 SHARING = ROOT / "deploy" / "agent" / "sharing"
 
 
-def _daemonset() -> dict[str, Any]:
-    (ds,) = yaml.safe_load_all((SHARING / "daemonset.yaml").read_text())
-    return ds
+def _daemonsets() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The sharing agent's DaemonSet and the MPS supervisor's."""
+    agent, mps = yaml.safe_load_all((SHARING / "daemonset.yaml").read_text())
+    return agent, mps
 
 
 def test_the_sharing_agent_runs_where_the_label_says_and_as_its_jobs_need() -> None:
-    spec = _daemonset()["spec"]["template"]["spec"]
+    agent_set, mps_set = _daemonsets()
+    spec = agent_set["spec"]["template"]["spec"]
+    mps_spec = mps_set["spec"]["template"]["spec"]
     (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
@@ -32,19 +35,41 @@ def test_the_sharing_agent_runs_where_the_label_says_and_as_its_jobs_need() -> N
             "values": list(contract.SHARING_MODES),
         }
     ]
-    agent, mps = spec["containers"]
+    (agent,) = spec["containers"]
+    (mps,) = mps_spec["containers"]
     mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
     assert {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"} <= set(mounts)
     assert mounts["/run/gpu-scheduler/mps"]["readOnly"] is True  # the agent only reads health
+    assert mounts["/host/sys/fs/cgroup"]["readOnly"] is True  # which pods are active
     assert {m["mountPath"] for m in mps["volumeMounts"]} == {
         "/tmp", "/run/gpu-scheduler/mps", "/dev/shm"
     }  # fmt: skip
     for container in (agent, mps):
         security = container["securityContext"]
         assert security["allowPrivilegeEscalation"] is False
-        assert security["capabilities"] == {"drop": ["ALL"]}
+        assert security["capabilities"]["drop"] == ["ALL"]
         assert "privileged" not in security
-    assert spec["hostIPC"] is True and "hostPID" not in spec and "hostNetwork" not in spec
+    assert "add" not in agent["securityContext"]["capabilities"]
+    # The MPS control daemon starts each server as its clients' user: what that needs,
+    # a subset of the runtime's default capabilities, and nothing else.
+    assert set(mps["securityContext"]["capabilities"]["add"]) == {
+        "CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"
+    }  # fmt: skip
+    assert "hostIPC" not in spec and mps_spec["hostIPC"] is True
+    for pod in (spec, mps_spec):
+        assert "hostPID" not in pod and "hostNetwork" not in pod
+    # Issue 49 item 16: an agent rollout never stops the MPS servers under running
+    # share pods (their own DaemonSet, updated only when its pod is deleted), and the
+    # servers' cgroup is sized for them: memory for several, no CPU throttling.
+    assert mps_set["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert agent_set["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    assert mps_spec["automountServiceAccountToken"] is False
+    (mps_term,) = mps_spec["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert mps_term["matchExpressions"][0]["values"] == ["mps"]
+    limits = mps["resources"]["limits"]
+    assert "cpu" not in limits and limits["memory"] == "4Gi"
     # Each argument is one the CLI knows, and the two containers' roles are apart.
     parser = build_parser()
     for container in (agent, mps):
@@ -87,7 +112,8 @@ def test_with_the_component_every_gpu_node_has_exactly_one_agent() -> None:
         for d in yaml.safe_load_all(out.stdout)
         if d and d["kind"] == "DaemonSet"
     }
-    assert set(sets) == {"gpu-scheduler-agent", "gpu-scheduler-agent-sharing"}
+    assert set(sets) == {"gpu-scheduler-agent", "gpu-scheduler-agent-sharing", "gpu-scheduler-mps"}
+    sets.pop("gpu-scheduler-mps")  # not an agent: beside the sharing agent on mps nodes
     gpu = {contract.LABEL_GPU_PRESENT: "true"}
     for labels, want in (
         (gpu, "gpu-scheduler-agent"),

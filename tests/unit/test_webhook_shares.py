@@ -58,6 +58,28 @@ def test_whole_gpus_in_one_container_and_a_share_in_another_is_one_gpu_pod() -> 
     assert "1 nvidia.com/gpu and 8 gpu-scheduler.io/gpu-memory" in d.warnings[0]
 
 
+def test_a_share_asked_before_whole_gpus_in_the_kubelets_order_is_refused() -> None:
+    """Issue 49 item 9: the kubelet allocates container by container (init containers
+    and sidecars, then app containers, in spec order) and the extender places a pod's
+    whole GPUs first: a share before whole GPUs could land where the extender counted a
+    whole GPU, so it is refused, saying how to write the pod instead."""
+    d = decide(share_pod("8", {RESOURCE_GPU: "1"}), CFG)
+    assert d.outcome == mutate.REFUSED
+    assert "c0 asks gpu-scheduler.io/gpu-memory before container c1 asks" in d.detail
+    assert "ask whole GPUs in the earlier containers" in d.detail
+    sidecar = {
+        "name": "side",
+        "restartPolicy": "Always",
+        "resources": {"limits": {RESOURCE_GPU_MEMORY: "4"}},
+    }
+    d = decide(share_pod({RESOURCE_GPU: "2"}, initContainers=[sidecar]), CFG)
+    assert d.outcome == mutate.REFUSED and "side asks" in d.detail
+    # Whole GPUs first (a plain init container's, or an earlier app container's): admitted.
+    setup = {"name": "setup", "resources": {"limits": {RESOURCE_GPU: "1"}}}
+    assert decide(share_pod("8", initContainers=[setup]), CFG).outcome == mutate.MUTATED
+    assert decide(share_pod({RESOURCE_GPU: "1"}, "8", "4"), CFG).outcome == mutate.MUTATED
+
+
 @pytest.mark.parametrize(
     ("request_", "words"),
     [
