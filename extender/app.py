@@ -45,6 +45,9 @@ from gpu_scheduler.http import install_ops_endpoints
 
 log = logging.getLogger("extender")
 
+#: Why kube-scheduler picks for a pod whose claim lists devices in order of preference.
+PRIORITIZED_CLAIM = "a DRA claim with a prioritized list (firstAvailable)"
+
 
 class Decider:
     """Everything a call needs besides the HTTP: config, policies, the cluster cache."""
@@ -115,6 +118,8 @@ class Decider:
             details["picker"] = picker
             if req.pod.preference is not None:
                 details["preference"] = req.pod.preference
+            elif picker == choice.SCHEDULER and self.cfg.filter_chooses:
+                details["preference"] = PRIORITIZED_CLAIM
         if picker == choice.EXTENDER:
             picked, then = self._pick(req, outcome.passed, details)
             answer = FilterOutcome([picked], outcome.failed, outcome.unresolvable)
@@ -130,6 +135,8 @@ class Decider:
             return None
         if not self.cfg.filter_chooses or req.pod.preference is not None:
             return choice.SCHEDULER
+        if req.pod.claims and not req.view.prioritized.isdisjoint(req.pod.claims):
+            return choice.SCHEDULER  # DynamicResources scores its subrequests (firstAvailable)
         return choice.EXTENDER
 
     def _pick(self, req: Call, passed: list[str], details: dict[str, Any]) -> tuple[str, Then]:

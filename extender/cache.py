@@ -211,6 +211,7 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PendingPods, PodAccou
             version=version,
             table=table,
             nominated=self._nominated_snapshot(),
+            prioritized=self._dra.prioritized,
         )
         self._view = snap
         if self._degraded is not None:
@@ -236,12 +237,10 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PendingPods, PodAccou
             self._expire_assumed()
             picks = len(self._assumed)
             summary = f"{len(self._nodes)} nodes, {len(self._pods) - picks} pods cached"
-        if picks:
-            summary += f", {picks} picked and not bound yet"
+        summary += f", {picks} picked and not bound yet" if picks else ""
         if self._dra_nodes:
             summary += f", {len(self._dra_nodes)} with DRA GPUs ({self._dra.device_class})"
-        if "leases" in self.reflectors:
-            summary += f", {len(self._leases)} agent heartbeats"
+        summary += f", {len(self._leases)} agent heartbeats" if "leases" in self.reflectors else ""
         if age > STALE_AFTER:
             return stale_readiness(self.reflectors, age, STALE_AFTER, summary)
         if self._degraded is not None:  # ready still: the other replica would fail alike

@@ -13,6 +13,7 @@ from extender import dra_index, metrics
 from extender.dra_index import DraIndex
 from extender.records import reduced as _reduced
 from extender.reflector import Reflector
+from gpu_scheduler import dra
 
 
 class DraEvents:
@@ -70,8 +71,16 @@ class DraEvents:
         self._dra_apply(self._dra.rule_event, kind, obj)
 
     def replace_claims(self, items: Iterable[Mapping[str, Any]]) -> None:
-        claims = _reduced(dra_index.parse_claim, items)
+        prioritized: set[str] = set()
+
+        def parse(obj: Mapping[str, Any]) -> Any:
+            if dra.claim_prioritized(obj) and (ref := dra_index.claim_ref(obj)) is not None:
+                prioritized.add(ref)
+            return dra_index.parse_claim(obj)
+
+        claims = _reduced(parse, items)
         with self._lock:
+            self._dra.prioritized = frozenset(prioritized)
             self._dra.replace_claims(claims)  # usage only: no node's facts change
             self._dra_changed(set(), usage=True)
 

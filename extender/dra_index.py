@@ -88,7 +88,7 @@ def parse_claim(obj: Mapping[str, Any]) -> ParsedClaim | None:
     )
     if key is None or not (devices or asked):
         return None
-    return key, devices, _ref(obj), ((consumed, asked) if consumed or asked else None)
+    return key, devices, claim_ref(obj), ((consumed, asked) if consumed or asked else None)
 
 
 class DraIndex:
@@ -113,6 +113,8 @@ class DraIndex:
         #: Each node's devices that allow multiple allocations; what claims consume.
         self._shareable: dict[str, set[dra.DeviceKey]] = {}
         self.shares = DraShares()
+        #: namespace/name of the claims with a prioritized list (dra.claim_prioritized).
+        self.prioritized: frozenset[str] = frozenset()
 
     # --- what the cache reads -------------------------------------------------------
     def gpus(self, node: str) -> Mapping[dra.DeviceKey, DraGpu]:
@@ -319,17 +321,26 @@ class DraIndex:
                 self._used[node] = self._used.get(node, 0) + 1
         return before | set(self._used)
 
+    def _note_prioritized(self, obj: Mapping[str, Any], present: bool) -> bool:
+        """Keep :attr:`prioritized` (a new frozenset when it changes); whether it did."""
+        ref = claim_ref(obj)
+        if ref is None or (present and dra.claim_prioritized(obj)) == (ref in self.prioritized):
+            return False
+        self.prioritized = self.prioritized ^ {ref}
+        return True
+
     def claim_event(self, kind: str, obj: Mapping[str, Any]) -> set[str]:
         key = object_key(obj)
         if key is None:
             return set()
+        prioritized = self._note_prioritized(obj, kind != "DELETED")
         old = self._claims.pop(key, frozenset())
         parsed = None if kind == "DELETED" else parse_claim(obj)
         new = parsed[1] if parsed is not None else frozenset()
         if new:
             self._claims[key] = new
-        touched = set()
-        ref = parsed[2] if parsed is not None else _ref(obj)
+        touched = {""} if prioritized else set()  # "": no node, the view changes
+        ref = parsed[2] if parsed is not None else claim_ref(obj)
         for device in self.shares.put(key, ref, parsed[3] if parsed is not None else None):
             # a consumption on a device, or the claim's request (""): the view changes
             touched.add(self._device_node.get(device, ""))
@@ -385,7 +396,7 @@ def gpu_facts(base: NodeFacts | None, index: DraIndex, name: str) -> NodeFacts |
     )
 
 
-def _ref(obj: Mapping[str, Any]) -> str | None:
+def claim_ref(obj: Mapping[str, Any]) -> str | None:
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
         return None

@@ -38,6 +38,7 @@ class View:
         "nominated",
         "pods",
         "pressure",
+        "prioritized",
         "share_mix",
         "stale",
         "table",
@@ -66,6 +67,7 @@ class View:
         version: Any = None,
         table: TableSnapshot | None = None,
         nominated: Mapping[str, Any] = EMPTY,
+        prioritized: frozenset[str] = frozenset(),
     ) -> None:
         #: Node facts by name.
         self.nodes = nodes
@@ -99,6 +101,9 @@ class View:
         #: Node -> its nominated GPU pods, (uid, record as if bound there): pending
         #: preemptors (extender/cache_pending.py; filter counts them: nominated.py).
         self.nominated = nominated
+        #: namespace/name of the ResourceClaims whose requests list devices in order
+        #: of preference (``firstAvailable``): kube-scheduler scores which it gets.
+        self.prioritized = prioritized
 
     def used_gpus(self, node: str) -> int:
         return self.used.get(node, 0)

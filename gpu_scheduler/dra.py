@@ -336,6 +336,21 @@ def claim_memory_requests(obj: Mapping[str, Any]) -> tuple[Decimal, ...]:
     return tuple(out[:MAX_REQUESTS])
 
 
+def claim_prioritized(obj: Mapping[str, Any]) -> bool:
+    """Whether a claim has a request with a prioritized list of two or more
+    subrequests (``firstAvailable``, DRAPrioritizedList: beta from 1.34, GA in 1.36):
+    kube-scheduler's DynamicResources plugin scores the nodes by which subrequest it
+    can allocate there (since 1.35), so the choice of node is its to make."""
+    spec = obj.get("spec")
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    requests = devices.get("requests") if isinstance(devices, Mapping) else None
+    for request in (requests if isinstance(requests, list) else ())[:MAX_REQUESTS]:
+        first = request.get("firstAvailable") if isinstance(request, Mapping) else None
+        if isinstance(first, list) and len(first) > 1:
+            return True
+    return False
+
+
 _WHOLE_MAP = re.compile(r"\.(size|exists|exists_one|all|map|filter)\s*\(|\bin\s+device\.")
 
 

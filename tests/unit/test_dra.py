@@ -311,3 +311,55 @@ def test_a_cluster_without_dra_is_synced_and_empty(status):
         assert cache.view().nodes["a"].allocatable == 8
     finally:
         cache.stop()
+
+
+def prioritized_claim(name: str, subrequests: int = 2) -> dict:
+    """A claim asking one GPU from a prioritized list (``firstAvailable``), not
+    allocated yet: the pod is being scheduled."""
+    first = [
+        {"name": f"choice-{i}", "deviceClassName": "gpu.nvidia.com", "count": 1}
+        for i in range(subrequests)
+    ]
+    return {
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": first}]}},
+    }
+
+
+def test_a_claim_with_a_prioritized_list_hands_the_choice_to_kube_scheduler():
+    """Issue 49 item 7: kube-scheduler's DynamicResources scores which subrequest of a
+    firstAvailable list a node can satisfy (the earlier the better); a filter that
+    picked would land the pod on its fallback device. The filter passes every node
+    that fits, and kube-scheduler picks."""
+    from extender.app import create_app
+    from tests.fakeapi import synced_cache
+
+    cache = synced_cache([make_node("dra-h100", zone="z1"), make_node("dra-l4", zone="z2")])
+    cache.replace_device_classes([device_class()])
+    cache.replace_slices(
+        [
+            resource_slice("dra-h100", [gpu_device(i) for i in range(8)]),
+            resource_slice("dra-l4", [gpu_device(i, "NVIDIA L4", 23034) for i in range(4)]),
+        ]
+    )
+    cache.claim_event("ADDED", prioritized_claim("wants-h100"))
+    cache.claim_event("ADDED", prioritized_claim("one-choice", subrequests=1))
+    assert cache.view().prioritized == frozenset({"default/wants-h100"})
+    client = create_app(cache=cache).test_client()
+
+    def filtered(claim_name: str) -> list[str]:
+        pod = make_pod(claim_name, 0)
+        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim_name}]
+        pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+        body = {"Pod": pod, "Nodes": None, "NodeNames": ["dra-h100", "dra-l4"]}
+        answer = client.post("/filter", json=body).get_json()
+        assert "NodeNames" in answer, answer
+        return answer["NodeNames"]
+
+    assert sorted(filtered("wants-h100")) == ["dra-h100", "dra-l4"]
+    assert len(filtered("one-choice")) == 1  # nothing to prefer: the filter picks
+    cache.claim_event("DELETED", prioritized_claim("wants-h100"))
+    assert cache.view().prioritized == frozenset()
+    cache.replace_claims([prioritized_claim("again")])
+    assert cache.view().prioritized == frozenset({"default/again"})
+    cache.stop()
