@@ -10,6 +10,7 @@ process group; each one's log stays in the work directory.
 from __future__ import annotations
 
 import contextlib
+import copy
 import glob
 import logging
 import os
@@ -287,7 +288,7 @@ class LocalCluster:
 
     def start_scheduler(self, name: str, config: Mapping[str, Any]) -> Process:
         """A kube-scheduler with this KubeSchedulerConfiguration (v1), leader election off."""
-        cfg = dict(config)
+        cfg = accepted_by(config, self.minor)
         # The lab's kubeconfig; a qps/burst the config sets (benchmarks) is kept.
         connection = {**cfg.get("clientConnection", {}), "kubeconfig": str(self.kubeconfig)}
         cfg["clientConnection"] = connection
@@ -311,6 +312,26 @@ class LocalCluster:
         )
         wait_url(f"https://127.0.0.1:{port}/healthz", 60, proc, insecure=True)
         return proc
+
+
+#: The first minor whose KubeSchedulerConfiguration has ``plugins.podGroupPostFilter``.
+POD_GROUP_POST_FILTER_MINOR = 37
+
+
+def accepted_by(config: Mapping[str, Any], minor: int) -> dict[str, Any]:
+    """``config`` as this minor's kube-scheduler decodes it (strictly): without the
+    extension points it does not know (deploy/'s config is the newest minor's; the
+    chart renders them by the scheduler's minor the same way)."""
+    cfg = copy.deepcopy(dict(config))
+    if minor >= POD_GROUP_POST_FILTER_MINOR:
+        return cfg
+    for profile in cfg.get("profiles") or []:
+        plugins = profile.get("plugins")
+        if isinstance(plugins, dict):
+            plugins.pop("podGroupPostFilter", None)
+            if not plugins:
+                del profile["plugins"]
+    return cfg
 
 
 def _write_kubeconfig(path: Path, server: str, ca_file: Path, token: str) -> None:

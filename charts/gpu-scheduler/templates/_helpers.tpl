@@ -67,9 +67,14 @@ system:serviceaccount:{{ .Release.Namespace }}:gpu-scheduler-agent
 {{/* kube-scheduler's image: the cluster's own version unless a tag is given
 (v1.34.4-eks-1a2b3c → v1.34.4), and never newer than the API server nor more than one
 minor older (Kubernetes' version-skew policy for kube-scheduler). */}}
+{{- define "gpu-scheduler.schedulerTag" -}}
+{{- $cluster := semver .Capabilities.KubeVersion.Version -}}
+{{- .Values.scheduler.image.tag | default (printf "v%d.%d.%d" $cluster.Major $cluster.Minor $cluster.Patch) -}}
+{{- end }}
+
 {{- define "gpu-scheduler.schedulerImage" -}}
 {{- $cluster := semver .Capabilities.KubeVersion.Version -}}
-{{- $tag := .Values.scheduler.image.tag | default (printf "v%d.%d.%d" $cluster.Major $cluster.Minor $cluster.Patch) -}}
+{{- $tag := include "gpu-scheduler.schedulerTag" . -}}
 {{- if not .Values.scheduler.image.skipVersionCheck -}}
 {{- $want := semver $tag -}}
 {{- if or (ne $want.Major $cluster.Major) (gt $want.Minor $cluster.Minor) (lt $want.Minor (sub $cluster.Minor 1)) -}}

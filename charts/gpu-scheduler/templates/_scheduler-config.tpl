@@ -12,11 +12,22 @@ leaderElection:
   resourceNamespace: {{ .Release.Namespace }}
 profiles:
   - schedulerName: gpu-scheduler
-    {{- with .Values.scheduler.profile.extraScorePlugins }}
+    {{- $scheduler := semver (include "gpu-scheduler.schedulerTag" .) }}
+    {{- $podGroupOff := and (not .Values.scheduler.profile.podGroupPreemption) (ge (int $scheduler.Minor) 37) }}
+    {{- if or .Values.scheduler.profile.extraScorePlugins $podGroupOff }}
     plugins:
+      {{- with .Values.scheduler.profile.extraScorePlugins }}
       score:
         enabled:
           {{- toYaml . | nindent 10 }}
+      {{- end }}
+      {{- if $podGroupOff }}
+      # No workload-aware preemption of PodGroups: its dry run never reaches the
+      # extender's preempt verb (scheduler.profile.podGroupPreemption).
+      podGroupPostFilter:
+        disabled:
+          - name: DefaultPreemption
+      {{- end }}
     {{- end }}
     pluginConfig:
       - name: NodeResourcesFit
