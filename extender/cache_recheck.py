@@ -31,6 +31,8 @@ class Snapshot(NamedTuple):
     pods: dict[str, PodRecord]
     #: Whether the API server serves ResourceSlices (a DRA node's GPUs may be there).
     slices_served: bool
+    #: The picks counted on the node (not bound when last seen): uid -> namespace/name.
+    picks: dict[str, str] = {}
 
 
 class RecheckAccess:
@@ -63,16 +65,21 @@ class RecheckAccess:
         with self._lock:
             # Not the picks waiting for their binding (at Permit, or binding): the API
             # server has them unbound, which says nothing of whether they will bind.
-            assumed = self._assumed
-            pods = {
-                uid: self._pods[uid] for uid in self._node_pods.get(name, ()) if uid not in assumed
-            }
+            # They are read one by one instead (Recheck._read_picks).
+            assumed, pods, picks = self._assumed, {}, {}
+            for uid in self._node_pods.get(name, ()):
+                record = self._pods[uid]
+                if uid not in assumed:
+                    pods[uid] = record
+                elif record.name:
+                    picks[uid] = record.name
             return Snapshot(
                 self._mark(name),
                 self._base.get(name),
                 (self._nodes.get(name), self._free.get(name)),
                 pods,
                 slices is not None and slices.absent is None,
+                picks,
             )
 
     def apply_unless_moved(self, snapshot: Snapshot, name: str, apply: Callable[[], int]) -> int:

@@ -75,6 +75,12 @@ RESERVED = 5
 TIMEOUT, BUDGET = 0.1, 0.25
 
 
+#: At most this many picks of one node are read by name in one recheck.
+MAX_PICKS = 8
+#: Marks what the recheck read of a pick whose pod is gone.
+GONE = "gpu-scheduler.io/gone"
+
+
 class OutOfTime(Exception):
     """The filter's budget for reads is spent."""
 
@@ -163,6 +169,7 @@ class Recheck:
         pods = self._items(
             deadline, self._core.list_pod_for_all_namespaces, f"spec.nodeName={name},{LIVE_PODS}"
         )
+        pods = [*pods, *self._read_picks(snapshot, pods, deadline)]
         slices: Any = ()
         base = snapshot.base
         # A node whose Node advertises no GPUs: a DRA driver's, or about to be.
@@ -171,6 +178,31 @@ class Recheck:
                 deadline, self._resource.list_resource_slice, f"spec.nodeName={name}"
             )
         return name, snapshot, node, pods, slices
+
+    def _read_picks(self, snapshot: Snapshot, bound: Any, deadline: float) -> list[Any]:
+        """The node's picks that the list of its bound pods does not show, each read
+        by name: one still pending (at Permit, or binding) stays counted; one bound is
+        taken as bound; one gone (deleted while pending: kube-scheduler retries the
+        pods it turned away at once) stops counting now, as a DELETED marker."""
+        listed = {item.get("metadata", {}).get("uid") for item in bound}
+        out: list[Any] = []
+        for uid, key in list(snapshot.picks.items())[:MAX_PICKS]:
+            if uid in listed:
+                continue
+            namespace, _, pod_name = key.partition("/")
+            try:
+                pod = self._read(deadline, self._core.read_namespaced_pod, pod_name, namespace)
+            except Exception as exc:
+                if getattr(exc, "status", None) != 404:
+                    raise
+                out.append({"metadata": {"uid": uid}, GONE: True})
+                continue
+            meta = pod.get("metadata") if isinstance(pod, dict) else None
+            if not isinstance(meta, dict) or meta.get("uid") != uid:
+                out.append({"metadata": {"uid": uid}, GONE: True})  # recreated: not ours
+            elif (pod.get("spec") or {}).get("nodeName"):
+                out.append(pod)
+        return out
 
     def _items(self, deadline: float, call: Callable[..., Any], selector: str) -> Any:
         return self._read(deadline, call, field_selector=selector).get("items") or ()
@@ -186,7 +218,10 @@ class Recheck:
             changed += 1
         fresh = {}
         for item in pods:
-            if (record := pod_record(item)) is not None:
+            if item.get(GONE):
+                self._cache.pod_event("DELETED", item)  # a pick whose pod is gone
+                changed += 1
+            elif (record := pod_record(item)) is not None:
                 fresh[record[0]] = (record[1], item)
         for uid, (record, item) in fresh.items():
             if snapshot.pods.get(uid) != record:

@@ -179,6 +179,15 @@ class FakeCore:
         self.node_reads: list[str] = []
         self.fail_reads: list[BaseException] = []
 
+    def read_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> Any:
+        """GET one Pod, as the API server has it now (404 when it has none)."""
+        from kubernetes.client.exceptions import ApiException
+
+        pod = self.list_pod_for_all_namespaces.objects.get(name)
+        if pod is None or (pod.get("metadata", {}).get("namespace") or "default") != namespace:
+            raise ApiException(status=404, reason="Not Found")
+        return _ListResponse(json.dumps(pod).encode())
+
     def read_node(self, name: str, **kwargs: Any) -> Any:
         """GET one Node, as the API server has it now (404 when it has none)."""
         from kubernetes.client.exceptions import ApiException

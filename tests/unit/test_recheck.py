@@ -346,9 +346,26 @@ def test_a_pick_waiting_for_its_binding_survives_a_recheck_of_its_node(cluster):
     client, cache, core = cluster
     core.list_pod_for_all_namespaces.remove("holder")  # "a" is free, the watch is behind
     waiting = make_pod("member-0", 8)
+    core.list_pod_for_all_namespaces.change(waiting)  # it exists, pending
     assert _filter(client, waiting, ["a"])["NodeNames"] == ["a"]  # picked, at Permit
     assert cache.view().used_gpus("a") == 8
     # the next member fits nowhere: the recheck reads "a" again
     body = _filter(client, make_pod("member-1", 8), ["a"])
     assert body["NodeNames"] == [] and core.node_reads.count("a") >= 1, body
     assert cache.view().used_gpus("a") == 8  # the waiting member still counts there
+
+
+def test_a_pick_whose_pod_was_deleted_while_pending_is_let_go_by_the_recheck(cluster):
+    """kube-scheduler retries the pods it turned away the moment a pod waiting at
+    Permit is deleted (AssignedPodDelete): the pending watch may not have told the
+    extender yet. The recheck reads the node's picks by name: the one whose pod is
+    gone stops counting, and the pod turned away gets the node."""
+    client, cache, core = cluster
+    core.list_pod_for_all_namespaces.remove("holder")  # "a" is free, the watch is behind
+    waiting = make_pod("member-0", 8)
+    core.list_pod_for_all_namespaces.change(waiting)  # it exists, pending
+    assert _filter(client, waiting, ["a"])["NodeNames"] == ["a"]  # picked, at Permit
+    core.list_pod_for_all_namespaces.remove("member-0")  # deleted; no watch has said so
+    body = _filter(client, make_pod("next", 8), ["a"])
+    assert body["NodeNames"] == ["a"], body
+    assert "uid-default-member-0" not in cache._assumed
