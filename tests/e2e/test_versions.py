@@ -41,6 +41,11 @@ from tests.e2e.test_preemption import (
     never_preempts,
     sick_gpu_gets_enough_victims,
 )
+from tests.e2e.test_preemption_state import (
+    budget_kept_on_a_sick_gpu,
+    nominated_node_short_of_cpu_still_places,
+    nominated_preemptor_keeps_its_room,
+)
 from tests.helpers import required, wait_for
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gpus"
@@ -121,6 +126,15 @@ def test_preemption_on_the_oldest_minor(old, tmp_path):
     never_preempts(old)
     budget_steers_the_preemptor(old)
     gang_whole_or_none(old)
+
+
+def test_preemption_state_on_the_oldest_minor(old, tmp_path):
+    """tests/e2e/test_preemption_state.py on kube-scheduler 1.34: a budget-protected pod
+    kept while a sick GPU needs a victim more; a pod nominated to a node short of CPU
+    still placed; a nominated preemptor keeping its room."""
+    budget_kept_on_a_sick_gpu(old, tmp_path)
+    nominated_node_short_of_cpu_still_places(old)
+    nominated_preemptor_keeps_its_room(old, tmp_path)
 
 
 def test_smoke_a_dra_node_takes_a_gpu_pod(old):
