@@ -141,6 +141,38 @@ def test_the_pick_is_off_where_the_profile_scores_what_it_does_not_account_for(
     assert extenders[0]["preemptVerb"] == "preempt"
 
 
+@pytest.mark.parametrize(
+    "version, values, off",
+    [
+        ("1.37.2", (), True),
+        ("1.36.3", (), False),
+        ("1.34.4", (), False),
+        ("1.37.2", ("--set", PROFILE + "podGroupPreemption=true"), False),
+    ],
+    ids=["1.37", "1.36", "1.34", "1.37 kept on"],
+)
+def test_podgroup_preemption_is_off_where_the_scheduler_has_it(helm_binary, version, values, off):
+    """kube-scheduler's workload-aware PodGroup preemption never calls the preempt verb
+    (docs/concepts/preemption.md): off in the profile from 1.37, whose config has the
+    field (an older kube-scheduler refuses it: strict decoding)."""
+    docs = {_key(d): d for d in helm_template(helm_binary, "--kube-version", version, *values)}
+    profile = yaml.safe_load(
+        docs[("ConfigMap", NAMESPACE, "gpu-scheduler-config")]["data"]["scheduler-config.yaml"]
+    )
+    plugins = profile["profiles"][0].get("plugins", {})
+    assert plugins.get("podGroupPostFilter") == (
+        {"disabled": [{"name": "DefaultPreemption"}]} if off else None
+    )
+
+
+def test_kube_scheduler_reaches_one_extender_replica(helm_binary):
+    """The replica that made a pick, or agreed to victims, answers the next call: the
+    extender's Service keeps a client on one replica (kube-scheduler is one leader)."""
+    docs = {_key(d): d for d in helm_template(helm_binary)}
+    service = docs[("Service", NAMESPACE, "gpu-scheduler-extender")]
+    assert service["spec"]["sessionAffinity"] == "ClientIP"
+
+
 @pytest.mark.parametrize("values", MODES, ids=lambda v: " ".join(v[1::2]) or "defaults")
 def test_helm_lint_is_clean(helm_binary, values):
     out = _run(helm_binary, "helm", "lint", "--strict", str(CHART), *values)
