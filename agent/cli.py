@@ -147,13 +147,6 @@ def _sharing_flags(parser: Any) -> None:
         "memory, the MPS server's and the tenants' CUDA contexts (default 2048; "
         "published in the gpus annotation, so the extender counts the same units)",
     )
-    parser.add_argument(
-        "--host-cgroup-root",
-        default="",
-        help="the host's /sys/fs/cgroup, mounted read-only: tells which pods are still "
-        "active, so that a finished pod's init container no longer holds its GPU ('': "
-        "every init container's devices the kubelet lists count, fail closed)",
-    )
 
 
 def _health_flags(parser: Any) -> None:
@@ -262,7 +255,6 @@ def run(args: argparse.Namespace) -> int:
         kubelet_checkpoint=os.path.join(args.kubelet_dir, CHECKPOINT_FILE),
         mps_root=args.mps_pipe_root if args.device_plugin != "off" else None,
         gpu_memory_reserve_mib=args.gpu_memory_reserve_mib,
-        host_cgroup_root=args.host_cgroup_root or None,
     )
     stop = threading.Event()
     if args.mps_supervisor:

@@ -12,17 +12,18 @@ allocation). Two things PodResources does not say:
   pod is active, and so must the device plugin (:func:`init_held`), or it offers the
   GPU's other resource while the init container runs.
 
-The kubelet drops an inactive pod's entries from the checkpoint only at its next
-allocation; whether a pod is still active is read from its cgroup (the kubelet removes
-a pod's cgroup once the pod has terminated: :func:`live_pod_uids`). Where that cannot
-be read, every entry the checkpoint lists counts (fail closed).
+The kubelet drops an inactive pod's entries from the checkpoint only when it next
+writes it (after its next allocation), so an entry PodResources does not report may
+be a deleted pod's: the next pod's allocation, the one that cleans it, would find its
+device still held. A plain init container's entry counts only while its pod is active
+by the kubelet's own word: PodResources reports devices of the pod's other containers
+(:func:`active_uids`). An init container of a pod whose app containers take no device
+is not counted (its GPU may be offered while it runs).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -32,13 +33,6 @@ FILE = "kubelet_internal_checkpoint"
 #: A checkpoint larger than this is not read (every allocation of a big node is ~1 MiB).
 MAX_BYTES = 16 << 20
 RESOURCES = (contract.RESOURCE_GPU_MEMORY, contract.RESOURCE_GPU)
-#: A pod's cgroup directory: ``pod<uid>`` (cgroupfs) or ``kubepods-…-pod<uid_>.slice``
-#: (systemd, the UID's dashes as underscores).
-_POD_CGROUP = re.compile(
-    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?$"
-)
-#: Where the kubelet's pod cgroups are, under a cgroup root (v2, then v1's hierarchies).
-_KUBEPODS = ("kubepods.slice", "kubepods", "memory/kubepods.slice", "memory/kubepods")
 
 
 class CheckpointError(ValueError):
@@ -114,55 +108,34 @@ def device_uids(entries: Iterable[Entry]) -> dict[str, str]:
     return out
 
 
-def init_entries(
-    entries: Iterable[Entry],
-    reported: Mapping[str, Collection[str]],
-    live: Collection[str] | None,
-) -> list[Entry]:
+def init_entries(entries: Iterable[Entry], reported: Mapping[str, Collection[str]]) -> list[Entry]:
     """The entries of containers PodResources does not report (a plain init
     container: none of the entry's IDs is in ``reported``, per resource) of pods
-    still active (their UID in ``live``; all of them when ``live`` is None: unknown)."""
+    PodResources reports as active (:func:`active_uids`)."""
+    entries = list(entries)
+    active = active_uids(entries, reported)
     return [
         entry
         for entry in entries
-        if (live is None or entry.uid in live)
+        if entry.uid in active
         and entry.ids
         and entry.ids.isdisjoint(reported.get(entry.resource, ()))
     ]
 
 
 def init_held(
-    entries: Iterable[Entry],
-    reported: Mapping[str, Collection[str]],
-    live: Collection[str] | None,
+    entries: Iterable[Entry], reported: Mapping[str, Collection[str]]
 ) -> dict[str, set[str]]:
     """Per resource, the IDs of :func:`init_entries`."""
     out: dict[str, set[str]] = {}
-    for entry in init_entries(entries, reported, live):
+    for entry in init_entries(entries, reported):
         out.setdefault(entry.resource, set()).update(entry.ids)
     return out
 
 
-def live_pod_uids(cgroup_root: str | None) -> frozenset[str] | None:
-    """The UIDs of the pods that have a cgroup under ``cgroup_root`` (the host's
-    ``/sys/fs/cgroup``, mounted read-only): ``kubepods/pod<uid>`` (Guaranteed) or
-    ``kubepods/<qos>/pod<uid>``. None when no kubelet hierarchy is there (not
-    mounted, another layout) or it cannot be read: then no pod can be told gone."""
-    if not cgroup_root:
-        return None
-    top = next((p for s in _KUBEPODS if os.path.isdir(p := os.path.join(cgroup_root, s))), None)
-    if top is None:
-        return None
-    found: set[str] = set()
-    try:
-        for name in os.listdir(top):
-            match = _POD_CGROUP.search(name)
-            if match is None and os.path.isdir(qos := os.path.join(top, name)):
-                for inner in os.listdir(qos):
-                    if (match := _POD_CGROUP.search(inner)) is not None:
-                        found.add(match.group(1).replace("_", "-"))
-            elif match is not None:
-                found.add(match.group(1).replace("_", "-"))
-    except OSError:
-        return None
-    return frozenset(found)
+def active_uids(entries: Iterable[Entry], reported: Mapping[str, Collection[str]]) -> set[str]:
+    """The UIDs of the pods PodResources reports devices for now (the kubelet's active
+    pods): an entry holding a reported ID, per resource."""
+    return {
+        entry.uid for entry in entries if not entry.ids.isdisjoint(reported.get(entry.resource, ()))
+    }

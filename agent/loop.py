@@ -83,9 +83,6 @@ class AgentConfig:
     mps_root: str | None = None
     #: MiB of each GPU of a sharing node that no share is given (published in ANN_GPUS).
     gpu_memory_reserve_mib: int = DEFAULT_RESERVE_MIB
-    #: The host's /sys/fs/cgroup: which pods are active (a plain init container's
-    #: devices are reported while its pod is; None: as long as the kubelet lists them).
-    host_cgroup_root: str | None = None
 
 
 def backoff_delay(failures: int, base: float, cap: float, jitter: float = 1.0) -> float:

@@ -154,10 +154,8 @@ def _shares(agent: Any, uuids: list[str]) -> str | None:
     init: list[tuple[str, str, str]] = []  # what plain init containers hold, by pod UID
     if answer.response is not None:
         reported = allocated_ids(answer.response)
-        if kubelet_checkpoint.init_entries(entries, reported, None):
-            live = kubelet_checkpoint.live_pod_uids(config.host_cgroup_root)
-            for entry in kubelet_checkpoint.init_entries(entries, reported, live):
-                init.extend((entry.uid, entry.resource, device) for device in entry.ids)
+        for entry in kubelet_checkpoint.init_entries(entries, reported):
+            init.extend((entry.uid, entry.resource, device) for device in entry.ids)
     now, stale_s = agent.monotonic(), config.shares_stale_s
     shares = current_shares(answer, uuids, now, stale_s, uids, init)
     if shares is not None and shares.skipped != agent.skipped:
@@ -182,14 +180,6 @@ def start_device_plugin(args: Any, agent: Any) -> Any:
     root = args.mps_pipe_root
     reserve = getattr(args, "gpu_memory_reserve_mib", DEFAULT_RESERVE_MIB)
     checkpoint = os.path.join(args.kubelet_dir, kubelet_checkpoint.FILE)
-    cgroups = getattr(args, "host_cgroup_root", None) or None
-    if kubelet_checkpoint.live_pod_uids(cgroups) is None:
-        log.warning(
-            "cannot tell which pods are active (no kubelet cgroups under "
-            "--host-cgroup-root): a plain init container's GPU stays in use until the "
-            "kubelet drops its pod from its device checkpoint (its next allocation)",
-            extra={"host_cgroup_root": cgroups},
-        )
 
     def gpus() -> Any:
         inventory = agent.last_inventory
@@ -211,7 +201,7 @@ def start_device_plugin(args: Any, agent: Any) -> Any:
         return sick
 
     def allocated() -> Any:
-        return allocated_now(pods, checkpoint, cgroups)
+        return allocated_now(pods, checkpoint)
 
     options = Options(cdi=args.cdi, mps_root=root, mps_container_pipe=root)
     config = PluginConfig(kubelet_dir=Path(args.kubelet_dir), options=options)
@@ -221,11 +211,13 @@ def start_device_plugin(args: Any, agent: Any) -> Any:
     return plugin
 
 
-def allocated_now(pods: Any, checkpoint: str, cgroups: str | None) -> dict[str, set[str]]:
+def allocated_now(pods: Any, checkpoint: str) -> dict[str, set[str]]:
     """The device plugin's allocated source: what PodResources reports, and what the
-    kubelet's checkpoint gives to plain init containers of pods still active (the
-    kubelet holds those IDs as long; PodResources does not list them). Raises when
-    either cannot be read: the plugin then keeps its last answer (fail closed)."""
+    kubelet's checkpoint gives to plain init containers of pods PodResources reports
+    active (the kubelet holds those IDs as long; PodResources does not list them; a
+    deleted pod's entries, which the checkpoint keeps until the kubelet's next write,
+    do not count). Raises when either cannot be read: the plugin then keeps its last
+    answer (fail closed)."""
     from agent.podresources import allocated_ids
 
     entries = kubelet_checkpoint.read(checkpoint)
@@ -233,9 +225,7 @@ def allocated_now(pods: Any, checkpoint: str, cgroups: str | None) -> dict[str, 
     if not answer.ok:
         raise ConnectionError(answer.error)
     ids = allocated_ids(answer.response)
-    held = kubelet_checkpoint.init_held(entries, ids, None)
-    if held:  # which of their pods are still active: only then worth a look
-        held = kubelet_checkpoint.init_held(entries, ids, kubelet_checkpoint.live_pod_uids(cgroups))
+    held = kubelet_checkpoint.init_held(entries, ids)
     for resource, devices in held.items():
         ids.setdefault(resource, set()).update(devices)
     return ids

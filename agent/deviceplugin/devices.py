@@ -197,14 +197,14 @@ def preferred_shares(
     must: Iterable[str],
     size: int,
     whole: Collection[str] = (),
-    taken: Collection[str] = (),
 ) -> list[str]:
     """The gpu-memory IDs a container of ``size`` units should get: all on one GPU,
     the one :func:`gpu_scheduler.sharing.fit` picks among the available IDs (best
     fit: the GPU with the least room that holds it), its lowest units first. A GPU
     given whole (``whole``: the nvidia.com/gpu IDs allocated, an earlier container of
-    the same pod's among them) offers none, nor does an ID allocated already
-    (``taken``) that the kubelet's list still offers.
+    the same pod's among them) offers none. The available IDs are the kubelet's exact
+    count of its own resource: it leaves out those it allocated (to earlier containers
+    too) and frees a deleted pod's before it asks.
 
     ``must`` (IDs the container already holds) on one GPU: that GPU is filled from its
     available IDs. When that cannot be (``must`` spans GPUs, or its GPU has too little
@@ -226,7 +226,7 @@ def preferred_shares(
         gpu = known.get(parsed[0]) if parsed else None
         if parsed is None or gpu is None or parsed[1] >= gpu.units:
             continue
-        if gpu.uuid not in whole and device not in taken:
+        if gpu.uuid not in whole:
             free.setdefault(gpu.uuid, []).append(parsed[1])
     on = {_share_of(known, d)[0].uuid for d in must_ids}
     if len(on) > 1:

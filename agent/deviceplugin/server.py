@@ -98,6 +98,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
 
     # --- the work ---------------------------------------------------------------------
     def _preferred(self, request: Any) -> Any:
+        # What is allocated, read now: the kubelet asks right after it dropped the
+        # deleted pods' devices, which a view read before would still count.
+        self.state.refresh()
         view = self.state.view()
         answers = []
         for container in _containers(request):
@@ -105,9 +108,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             available = _bounded(container.available_deviceIDs, "available_deviceIDs")
             must = _bounded(container.must_include_deviceIDs, "must_include_deviceIDs")
             if self.resource == SHARES:
-                ids = preferred_shares(
-                    view.gpus, available, must, size, view.whole, view.allocated[SHARES]
-                )
+                # The kubelet's available IDs of this resource are exact (its own count
+                # of what it allocated); what the other resource holds is ours to say.
+                ids = preferred_shares(view.gpus, available, must, size, view.whole)
                 if len(ids) < size:
                     log.warning(
                         "device plugin: no preferred allocation on one GPU; the kubelet "
@@ -123,6 +126,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         containers = _containers(request)
         if not containers:
             raise Refused("no container to allocate for")
+        self.state.refresh()  # as in _preferred: the deleted pods' devices are free now
         with self.state.allocating:
             view = self.state.view()
             answers: list[Answer] = []

@@ -291,3 +291,48 @@ def test_a_kubelet_restart_keeps_what_was_allocated(shared):
     assert (_node(shared).metadata.annotations or {})[contract.ANN_GPU_SHARES] == report
     # And the kubelet still refuses what no GPU holds: the big pod still waits.
     assert core.read_namespaced_pod("share-big", "default").spec.node_name is None
+
+
+def test_a_high_priority_share_preempts_shares_on_the_real_node(shared):
+    """GPU A holds share-a and share-b (20 + 20), GPU B share-c (50); share-big (60, the
+    same low priority) waits. A high-priority 66 GiB share: the node's 64 free GiB are
+    short, so kube-scheduler evicts by its count (the last it can put back: share-c),
+    the extender agrees (GPU B then holds 66), and the kubelet gives the pod GPU B
+    through the device plugin. share-big, which would now fit GPU B, is kept off the
+    preemptor's room while it waits there."""
+    shared, _ = shared
+    core = client.CoreV1Api(shared.api)
+    scheduling = client.SchedulingV1Api(shared.api)
+    scheduling.create_priority_class({"metadata": {"name": "e2e-share-high"}, "value": 100000})
+    gpu_b = _printed(shared, "share-c")[0]
+    pod = _share_pod("share-urgent", 66)
+    pod["spec"]["priorityClassName"] = "e2e-share-high"
+    core.create_namespaced_pod("default", pod)
+    try:
+        _running(shared, "share-urgent")
+    except TimeoutError:
+        print(_story(shared, "share-urgent"))
+        raise
+    assert _printed(shared, "share-urgent")[:2] == [gpu_b, "0=66G"]
+    left = {p.metadata.name for p in core.list_namespaced_pod("default").items}
+    assert {"share-a", "share-b", "share-urgent"} <= left and "share-c" not in left, left
+    assert core.read_namespaced_pod("share-big", "default").spec.node_name is None
+
+
+def _story(stack: Stack, name: str) -> str:
+    """What a pod that did not run went through: its status, its Events, and the
+    sharing agent's last log lines."""
+    core = client.CoreV1Api(stack.api)
+    pod = core.read_namespaced_pod(name, "default")
+    lines = [f"{name}: node={pod.spec.node_name} phase={pod.status.phase}"]
+    lines += [f"  {c.type}={c.status} {c.reason}: {c.message}" for c in pod.status.conditions or []]
+    selector = f"involvedObject.name={name}"
+    for event in core.list_namespaced_event("default", field_selector=selector).items:
+        lines.append(f"  event {event.reason}: {event.message}")
+    for agent in core.list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={NODE}").items:
+        for container in agent.spec.containers:
+            log = core.read_namespaced_pod_log(
+                agent.metadata.name, NAMESPACE, container=container.name, tail_lines=30
+            )
+            lines.append(f"--- {agent.metadata.name}/{container.name}\n{log}")
+    return "\n".join(lines)

@@ -375,8 +375,10 @@ def test_a_later_container_of_the_pod_sees_the_gpus_just_given_whole(plugin, fol
     allocate(folder, SHARES, ids(C, range(6)))  # the second container's share
     # A third container's 3 GiB: the tightest that holds it is A (4), then C's 2 left
     # is too small; never B. A fourth container asking whole GPUs: A and C hold shares.
-    assert preferred(folder, SHARES, everything, 3) == ids(A, range(3))
-    assert preferred(folder, SHARES, everything[4:], 2) == ids(C, [6, 7])  # C's free IDs
+    # (the kubelet's available IDs of a resource leave out those it allocated)
+    available = [i for i in everything if i not in ids(C, range(6))]
+    assert preferred(folder, SHARES, available, 3) == ids(A, range(3))
+    assert preferred(folder, SHARES, available[4:], 2) == ids(C, [6, 7])  # C's free IDs
     allocate(folder, SHARES, ids(A, range(3)))
     error = refused(allocate, folder, WHOLE, [A])
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION

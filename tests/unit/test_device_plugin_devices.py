@@ -103,18 +103,16 @@ def test_preferred_shares_when_nothing_fits_or_nothing_is_asked():
     assert dv.preferred_shares(GPUS, noisy, [], 4) == ids(A, range(4))
 
 
-def test_preferred_shares_skip_gpus_given_whole_and_ids_allocated():
-    """Issue 49 item 10: the kubelet's list offers every healthy ID, a GPU given whole
-    (a moment ago, to an earlier container of the same pod) included; the plugin's own
-    count keeps a share off it, and off IDs it already handed out."""
+def test_preferred_shares_skip_gpus_given_whole():
+    """Issue 49 item 10: the kubelet's list of gpu-memory IDs leaves out those it
+    allocated, but counts the other resource apart: it offers every share ID of a GPU
+    given whole (a moment ago, to an earlier container of the same pod). The plugin's
+    own count keeps a share off it."""
     available = ids(A, range(4)) + ids(B, range(8)) + ids(C, range(8))
     assert dv.preferred_shares(GPUS, available, [], 5) == ids(B, range(5))
     assert dv.preferred_shares(GPUS, available, [], 5, whole={B}) == ids(C, range(5))
     assert dv.preferred_shares(GPUS, available, [], 5, whole={B, C}) == []
     assert dv.preferred_shares(GPUS, available, [], 3, whole={B}) == ids(A, range(3))
-    taken = set(ids(A, [0, 1]))  # handed out, the kubelet's list not caught up
-    assert dv.preferred_shares(GPUS, available, [], 2, (), taken) == ids(A, [2, 3])
-    assert dv.preferred_shares(GPUS, available, [], 3, (), taken) == ids(B, range(3))
 
 
 def test_preferred_whole_takes_wholly_free_gpus_lowest_index_first():

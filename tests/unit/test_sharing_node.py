@@ -243,50 +243,35 @@ def test_the_checkpoint_is_read_in_both_of_the_kubelets_formats(tmp_path):
         kc.Entry("u2", "c", "r", frozenset({"y"})),
     ]
     assert kc.device_uids(entries) == {"x": "u1"}
-    # Pod cgroups, cgroupfs driver (v1's memory hierarchy here); none found: unknown.
-    (tmp_path / "cg" / "memory" / "kubepods" / "besteffort" / f"pod{POD_OLD}").mkdir(parents=True)
-    (tmp_path / "cg" / "memory" / "kubepods" / f"pod{POD_NEW}").mkdir()
-    assert kc.live_pod_uids(str(tmp_path / "cg")) == {POD_OLD, POD_NEW}
-    assert kc.live_pod_uids(str(tmp_path / "empty")) is None and kc.live_pod_uids(None) is None
-
-
-def _cgroups(root: Path, *uids: str) -> str:
-    """A systemd-driver cgroup v2 tree holding these pods (a Guaranteed one first)."""
-    top = root / "kubepods.slice"
-    (top / "kubepods-burstable.slice").mkdir(parents=True, exist_ok=True)
-    for n, uid in enumerate(uids):
-        name = uid.replace("-", "_")
-        where = top if n == 0 else top / "kubepods-burstable.slice"
-        qos = "" if n == 0 else "burstable-"
-        (where / f"kubepods-{qos}pod{name}.slice").mkdir()
-    return str(root)
+    # The pods PodResources reports devices for: the kubelet's active pods.
+    assert kc.active_uids(entries, {"r": {"x"}}) == {"u1"}
+    assert kc.active_uids(entries, {"other": {"x"}}) == set()
 
 
 def test_a_plain_init_container_holds_its_gpu_for_as_long_as_its_pod_runs(tmp_path):
     """Item 11: PodResources does not list plain init containers. The kubelet's
-    checkpoint does: their IDs count as allocated while the pod's cgroup is there
-    (past the plugin's 120 s grace), and no longer once the pod has ended."""
+    checkpoint does: their IDs count as allocated while PodResources reports the pod
+    (past the plugin's 120 s grace). Once the pod is deleted the checkpoint still
+    lists it (the kubelet rewrites it only after its next allocation), and the next
+    allocation, the one that cleans it, must find its GPUs free."""
     from agent.deviceplugin.devices import GpuInfo
     from agent.deviceplugin.state import PluginState
-    from agent.kubelet_checkpoint import live_pod_uids
     from agent.sharing_node import allocated_now
 
-    whole = contract.RESOURCE_GPU
+    whole, mem = contract.RESOURCE_GPU, contract.RESOURCE_GPU_MEMORY
     checkpoint = _checkpoint(
         tmp_path / "checkpoint",
         (POD_OLD, "fetch-model", whole, ["GPU-a"]),  # a plain init container: not listed
-        (POD_NEW, "main", contract.RESOURCE_GPU_MEMORY, ["GPU-b::0"]),
+        (POD_OLD, "main", mem, ["GPU-b::0"]),
+        (POD_NEW, "other", mem, ["GPU-b::1"]),  # deleted: PodResources no longer has it
     )
-    pods = _Pods(_pb_pod("ml", "infer", contract.RESOURCE_GPU_MEMORY, ["GPU-b::0"]))
-    cgroups = _cgroups(tmp_path / "cg", POD_OLD, POD_NEW)
-    assert live_pod_uids(cgroups) == {POD_OLD, POD_NEW}
-    assert allocated_now(pods, checkpoint, cgroups)[whole] == {"GPU-a"}
-    assert allocated_now(pods, checkpoint, None)[whole] == {"GPU-a"}  # unknown: fail closed
+    pods = _Pods(_pb_pod("ml", "infer", mem, ["GPU-b::0"]))
+    assert allocated_now(pods, checkpoint) == {whole: {"GPU-a"}, mem: {"GPU-b::0"}}
 
     now = [0.0]
     state = PluginState(
         lambda: [GpuInfo("GPU-a", 0, 4), GpuInfo("GPU-b", 1, 4)],
-        lambda: allocated_now(pods, checkpoint, cgroups),
+        lambda: allocated_now(pods, checkpoint),
         lambda: (),
         grace_s=120.0,
         monotonic=lambda: now[0],
@@ -296,11 +281,9 @@ def test_a_plain_init_container_holds_its_gpu_for_as_long_as_its_pod_runs(tmp_pa
     now[0] = 600.0  # long past the grace of a handed-out ID never reported
     state.refresh()
     assert state.view().whole == {"GPU-a"}  # its shares are not offered: it runs
-    for path in Path(cgroups).rglob(f"*pod{POD_OLD.replace('-', '_')}.slice"):
-        path.rmdir()  # the pod ended: the kubelet removed its cgroup
+    del pods.response.pod_resources[:]  # the pod was deleted; the checkpoint lags
     state.refresh()
-    assert state.view().whole == frozenset()
-    assert state.view().shared == {"GPU-b"}
+    assert state.view().whole == frozenset() and state.view().shared == frozenset()
 
 
 def _sharing_agent(tmp_path: Path, mode: str, pods=None, checkpoint=None):
@@ -395,14 +378,11 @@ def test_the_shares_report_names_pods_by_uid_from_the_kubelets_checkpoint(tmp_pa
         (POD_NEW, "serve", mem, ["GPU-0::2"]),
     )
     pods.response.pod_resources.append(_pb_pod("ml", "serve", mem, ["GPU-0::2"]))
-    cgroups = _cgroups(tmp_path / "cg", POD_OLD, POD_NEW)
-    agent.config = replace(agent.config, host_cgroup_root=cgroups)
     report = sharing.read_report(agent.desired(inventory).annotations[contract.ANN_GPU_SHARES])
     assert report == {"GPU-0": {POD_OLD: 2, POD_NEW: 1}, "GPU-1": {POD_NEW: "whole"}}
-    for path in Path(cgroups).rglob(f"*pod{POD_NEW.replace('-', '_')}.slice"):
-        path.rmdir()  # the pod ended (PodResources may still list it a moment)
+    pods.response.pod_resources.pop()  # the pod ended; the checkpoint still lists it
     report = sharing.read_report(agent.desired(inventory).annotations[contract.ANN_GPU_SHARES])
-    assert report == {"GPU-0": {POD_OLD: 2, POD_NEW: 1}, "GPU-1": {}}
+    assert report == {"GPU-0": {POD_OLD: 2}, "GPU-1": {}}
     # No checkpoint to name them by: no report at all (the extender fits every pod).
     agent.config = replace(agent.config, kubelet_checkpoint=str(tmp_path / "bad"))
     (tmp_path / "bad").write_text("{")
