@@ -60,7 +60,9 @@ def make_client():
         cache.stop()
 
 
-def ask(client, pod, proposal):
+def ask(client, pod, proposal, ordered=False):
+    """The preempt verb's answer per node: (victims' UIDs, sorted unless ``ordered``:
+    as kube-scheduler reads them, in the order given; budget violations)."""
     body = {
         "Pod": pod,
         "NodeNameToMetaVictims": {
@@ -71,7 +73,10 @@ def ask(client, pod, proposal):
     response = client.post("/preempt", json=body)
     assert response.status_code == 200, response.get_json()
     return {
-        node: (sorted(p["UID"] for p in v["Pods"]), v["NumPDBViolations"])
+        node: (
+            [p["UID"] for p in v["Pods"]] if ordered else sorted(p["UID"] for p in v["Pods"]),
+            v["NumPDBViolations"],
+        )
         for node, v in response.get_json()["NodeNameToMetaVictims"].items()
     }
 

@@ -13,8 +13,9 @@ from extender.app import create_app
 from extender.budgets import Ledger, NodePod, budget, label_selector
 from tests.factories import make_lease, make_node, make_pod
 from tests.fakeapi import FakeCore, synced_cache
+from tests.unit import test_preemption
 from tests.unit.test_gpu_health import NOW, RENEWED
-from tests.unit.test_preemption import sick
+from tests.unit.test_preemption import sick, uid
 
 NAMES = itertools.count()
 
@@ -42,10 +43,6 @@ def preemptor(gpus=4, priority=1000):
     return pod
 
 
-def uid(name):
-    return f"uid-default-{name}"
-
-
 @pytest.fixture
 def world():
     made = []
@@ -68,19 +65,7 @@ def world():
 
 def ask(client, pod, proposal):
     """The answer as kube-scheduler reads it: victims in the order given."""
-    body = {
-        "Pod": pod,
-        "NodeNameToMetaVictims": {
-            node: {"Pods": [{"UID": uid(v)} for v in victims], "NumPDBViolations": n}
-            for node, (victims, n) in proposal.items()
-        },
-    }
-    response = client.post("/preempt", json=body)
-    assert response.status_code == 200, response.get_json()
-    return {
-        node: ([p["UID"] for p in v["Pods"]], v["NumPDBViolations"])
-        for node, v in response.get_json()["NodeNameToMetaVictims"].items()
-    }
+    return test_preemption.ask(client, pod, proposal, ordered=True)
 
 
 def test_a_budget_protected_pod_is_kept_while_a_sick_gpu_needs_an_extra_victim(world):
