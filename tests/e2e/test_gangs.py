@@ -283,6 +283,34 @@ def test_a_gang_packs_its_members_though_the_extender_cannot_see_its_siblings(
     assert len(used) == 2 and used <= set(empty), used
 
 
+def test_a_gang_turned_away_and_deleted_leaves_no_pick_behind(stack, namespace, upstream_gangs):
+    """A gang of two 8-GPU pods on one 8-GPU node: in its cycle the filter picks the
+    node for the first member (counted there until bound), the second fits nowhere,
+    and kube-scheduler reverts the cycle and writes the failure on both. The picks end
+    with it (extender/cache_pending.py). The gang is deleted; a lone 8-GPU pod is then
+    placed on the node at once, not after the 30 s a pick would have held it, nor after
+    kube-scheduler's 5-minute flush of the pods turned away (issue 49, item 3)."""
+    case = unique("revert")
+    (node,) = nodes(stack, case, 1)
+    group = unique("revert")
+    pod_group(upstream_gangs, namespace, group, 2)
+    members = [f"m{i}" for i in range(2)]
+    for name in members:
+        core(stack).create_namespaced_pod(
+            namespace, gpu_pod(name, case, schedulingGroup={"podGroupName": group})
+        )
+    wait_for(
+        "the gang turned away", lambda: all(pending_reason(stack, namespace, m) for m in members)
+    )
+    for name in members:
+        core(stack).delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    started = time.monotonic()
+    core(stack).create_namespaced_pod(namespace, gpu_pod("lone", case))
+    (pod,) = wait_placed(stack, namespace, 1)
+    assert pod.spec.node_name == node and pod.metadata.name == "lone"
+    assert time.monotonic() - started < 15, "the node was held by a pick of a deleted pod"
+
+
 def test_a_gang_member_naming_a_missing_podgroup_says_why_it_waits(
     stack, namespace, upstream_gangs
 ):
