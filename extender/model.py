@@ -220,6 +220,8 @@ def _node_facts(
     for key, _spot in contract.SPOT_LABELS:
         label(key)
     replicas = _replicas(label(contract.LABEL_GPU_REPLICAS))
+    if label(contract.LABEL_GKE_GPU_SHARING_STRATEGY):  # GKE's shared pools: no GFD there
+        replicas = max(replicas, _replicas(label(contract.LABEL_GKE_MAX_SHARED_CLIENTS)))
     memory = contract.node_gpu_memory_mib(labels)
     allocatable_map = object_at(status, "allocatable", "status.allocatable")
     product = _opt_intern(label(contract.LABEL_GPU_PRODUCT))

@@ -137,6 +137,11 @@ SPOT_LABELS: tuple[tuple[str, str], ...] = (
 LABEL_NFD_NVIDIA_PCI = "feature.node.kubernetes.io/pci-10de.present"
 LABEL_EKS_ACCELERATOR = "k8s.amazonaws.com/accelerator"
 LABEL_GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"  # every GKE GPU node
+#: GKE's GPU time-sharing and MPS node pools: the strategy (``time-sharing``, ``mps``)
+#: and how many containers share one GPU (its device plugin advertises that many
+#: ``nvidia.com/gpu`` per GPU). No GFD runs there to write ``gpu.replicas``.
+LABEL_GKE_GPU_SHARING_STRATEGY = "cloud.google.com/gke-gpu-sharing-strategy"
+LABEL_GKE_MAX_SHARED_CLIENTS = "cloud.google.com/gke-max-shared-clients-per-gpu"
 
 # --- project-owned keys ------------------------------------------------------------
 PREFIX = "gpu-scheduler.io/"
@@ -160,7 +165,8 @@ ANN_KUEUE_WORKLOAD = "kueue.x-k8s.io/workload"
 ANN_GPUS = "gpu-scheduler.io/gpus"
 #: The agent's heartbeat before it moved to Leases: a Node annotation refreshed every
 #: few minutes (a Node write fanned out to every Node watcher). Nothing reads it any
-#: more; the agent still owns the key, to remove it from its node (docs/UPGRADING.md).
+#: more; the agent still owns the key, to remove it from its node (docs/install/README.md,
+#: "Upgrade").
 ANN_LEGACY_HEARTBEAT = "gpu-scheduler.io/agent-heartbeat"
 #: What each GPU of a shared node has given out, as its kubelet says (PodResources):
 #: JSON, GPU UUID -> pod UID -> units held, or "whole" (sharing.read_report).

@@ -502,6 +502,24 @@ def test_time_sliced_nodes_count_replicas_and_match_the_model_with_or_without_sh
         assert run_filter(pod, [node]).passed == ["ts"], products
 
 
+def test_gke_time_sharing_pools_count_their_clients_as_replicas():
+    """GKE's time-sharing (and MPS) pools: Google's device plugin advertises
+    max-shared-clients-per-gpu units a GPU, and no GFD writes gpu.replicas (our agent
+    writes 1). The extender reads GKE's labels: four L4 shared by 2 are 8 units of
+    half an L4's memory each."""
+    node = make_node("gke", 8, product="NVIDIA-L4", memory_mib=23034)
+    labels = node["metadata"]["labels"]
+    labels[contract.LABEL_GPU_REPLICAS] = "1"  # what the agent writes there
+    labels[contract.LABEL_GKE_GPU_SHARING_STRATEGY] = "time-sharing"
+    labels[contract.LABEL_GKE_MAX_SHARED_CLIENTS] = "2"
+    (facts_,) = facts(node)
+    assert (facts_.allocatable, facts_.replicas, facts_.memory_mib) == (8, 2, 23034 // 2)
+    big = make_pod(gpus=1, annotations={contract.ANN_MIN_GPU_MEMORY: "16Gi"})
+    assert run_filter(big, [facts_]).unresolvable  # a client's half never holds 16 GiB
+    del labels[contract.LABEL_GKE_GPU_SHARING_STRATEGY]  # the count alone says nothing
+    assert facts(node)[0].replicas == 1
+
+
 def test_min_gpu_memory_on_a_shared_gpu_is_its_share():
     """Time-slicing guarantees no memory at all, MPS caps each client at memory /
     replicas: a pod on a shared GPU can count on its share, 81559 / 4 = 20389 MiB."""
