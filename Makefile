@@ -65,8 +65,9 @@ linters:
 
 # ruff; the house's size rule (tools/sizes.py: product files <= 450 lines, functions
 # <= 80); actionlint on .github/workflows/ (and shellcheck on their run: scripts where
-# shellcheck is installed); and the chart's values table in docs/configuration.md equal
-# to what helm-docs makes of charts/gpu-scheduler/values.yaml (`make docs` rewrites it).
+# shellcheck is installed); and the chart's values table in docs/configuration.md and
+# the chart's README.md equal to what helm-docs makes of charts/gpu-scheduler/values.yaml
+# (`make docs` rewrites both).
 # The last two need Go to build them: without it they are skipped here, failed in CI.
 lint: $(STAMP) $(if $(HAVE_GO),linters)
 	$(BIN)/ruff check .
@@ -78,7 +79,8 @@ else
 	@echo "no Go: actionlint and the chart's values table not checked"; [ "$$CI" != true ]
 endif
 
-# The chart's values table in docs/configuration.md, from values.yaml's `# --` comments.
+# The chart's values table in docs/configuration.md and the chart's README.md, from
+# values.yaml's `# --` comments.
 docs: linters
 	HELM_DOCS=$(LINTERS)/helm-docs tools/helm_docs.sh
 

@@ -165,6 +165,17 @@ def test_podgroup_preemption_is_off_where_the_scheduler_has_it(helm_binary, vers
     )
 
 
+def test_the_chart_carries_its_values_table(helm_binary):
+    """`helm show readme` (and chart indexes) show the chart's values, the same table
+    docs/configuration.md holds (tools/helm_docs.sh keeps both; make lint checks)."""
+    readme = _run(helm_binary, "helm", "show", "readme", str(CHART))
+    table = (ROOT / "docs" / "configuration.md").read_text()
+    start, end = "<!-- helm-docs:start -->", "<!-- helm-docs:end -->"
+    expected = table[table.index(start) : table.index(end)]
+    assert expected in readme
+    assert "| agent.affinity |" in readme
+
+
 def test_kube_scheduler_reaches_one_extender_replica(helm_binary):
     """The replica that made a pick, or agreed to victims, answers the next call: the
     extender's Service keeps a client on one replica (kube-scheduler is one leader)."""
