@@ -90,16 +90,20 @@ class Decider:
             outcome = nominated.hold(
                 req.pod, uid, _priority(req.args.pod), outcome, req.view, self.policies
             )
-        if self.explainer is not None and req.pod.gpus and uid and len(outcome.passed) == 1:
+        asks = req.pod.gpus or req.pod.shares
+        if self.explainer is not None and asks and uid and len(outcome.passed) == 1:
+            only = outcome.passed[0]
             self.explainer.remember(
                 only_fit(
                     req.pod.namespace,
                     req.pod.name,
                     uid,
                     req.pod.gpus,
-                    outcome.passed[0],
+                    only,
                     len(req.args.names),
                     outcome.failed | outcome.unresolvable,
+                    req.pod.shares,
+                    share_gpu(req.pod, req.view.nodes.get(only), req.view),
                 )
             )
         metrics.child(metrics.NODES, "passed").inc(len(outcome.passed))

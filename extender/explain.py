@@ -160,14 +160,18 @@ def only_fit(
     node: str,
     candidates: int,
     reasons: Mapping[str, str],
+    shares: tuple[int, ...] = (),
+    gpu: str | None = None,
 ) -> Decision:
     """A filter call that passed one node of ``candidates``: kube-scheduler binds it
-    without scoring, so this is the whole story. ``reasons``: node -> why it failed."""
+    without scoring, so this is the whole story. ``reasons``: node -> why it failed;
+    ``shares`` and ``gpu``: a share pod's, and the GPU its largest share goes to."""
     counts: dict[str, int] = {}
     for reason in reasons.values():
         counts[reason] = counts.get(reason, 0) + 1
     failed = tuple(sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:3])
-    return Decision(namespace, name, uid, gpus, candidates, (Candidate(node, 10, ()),), (), failed)
+    top = (Candidate(node, 10, (), gpu=gpu),)
+    return Decision(namespace, name, uid, gpus, candidates, top, (), failed, shares=shares)
 
 
 def _parts(candidate: Candidate) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from gpu_scheduler import contract, podspec
+from gpu_scheduler import contract, podspec, sharing
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,18 @@ class DemoNode:
     count: int = 0
     labels: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def sharing(self) -> bool:
+        """Labelled for shares of a GPU (``gpu-scheduler.io/gpu-memory``)."""
+        return contract.LABEL_GPU_SHARING in self.labels
+
+    def share_units(self) -> int:
+        """The gpu-memory units the node's device plugin would advertise (no reserve:
+        the demo's agent runs without the device plugin, and the extender counts from
+        its annotation)."""
+        assert self.gpu is not None
+        return sharing.gpu_units(self.gpu["memoryMiB"]) * self.count
+
 
 SPOT = {contract.LABEL_KARPENTER_CAPACITY_TYPE: "spot"}
 ON_DEMAND = {contract.LABEL_EKS_CAPACITY_TYPE: "ON_DEMAND"}
@@ -54,9 +66,22 @@ NODES = (
     DemoNode("a100-od-b1", A100, 4, where("zone-b", ON_DEMAND)),
     DemoNode("a100-od-b2", A100, 4, where("zone-b", ON_DEMAND)),
     DemoNode("l4-od-c1", L4, 2, where("zone-c", ON_DEMAND)),
+    # Shares of a GPU (docs/concepts/sharing.md): the demo plays its device plugin.
+    DemoNode(
+        "l40s-share-c3",
+        L40S,
+        2,
+        {**where("zone-c", ON_DEMAND), contract.LABEL_GPU_SHARING: "time-slicing"},
+    ),
     DemoNode("cpu-c1", None, 0, where("zone-c")),
 )
 
+#: Not an annotation: a PODS entry's annotations with this key ask that many GiB of one
+#: GPU (``gpu-scheduler.io/gpu-memory``) instead of whole GPUs.
+SHARE = contract.RESOURCE_GPU_MEMORY
+#: The demo keeps its sharing node for shares: whole-GPU pods would take its GPUs
+#: first, and the pods that ask a share tolerate this.
+SHARE_TAINT = {"key": contract.LABEL_GPU_SHARING, "value": "time-slicing", "effect": "NoSchedule"}
 # (name, GPUs, annotations, what the pod shows)
 PODS: tuple[tuple[str, int, dict[str, str], str], ...] = (
     (
@@ -70,6 +95,7 @@ PODS: tuple[tuple[str, int, dict[str, str], str], ...] = (
     ("ddp-worker-1", 2, {contract.ANN_GROUP: "ddp"}, "placement group"),
     ("ddp-worker-2", 2, {contract.ANN_GROUP: "ddp"}, "placement group"),
     ("notebook", 1, {}, "1 GPU, on-demand"),
+    ("infer-share", 0, {SHARE: "20"}, "20 GiB of one GPU"),
     ("batch-spot", 4, {contract.ANN_SPOT: "require"}, "spot only"),
     ("web", 0, {}, "CPU pod"),
     ("needs-b200", 1, {contract.ANN_GPU_PRODUCTS: "NVIDIA-B200"}, "impossible on purpose"),
@@ -107,20 +133,28 @@ def pod_manifest(
 ) -> dict[str, Any]:
     """A demo pod; with ``image``, one that runs to completion (for the real node)."""
     resources: dict[str, Any] = {"requests": {"cpu": "500m", "memory": "512Mi"}}
+    annotations = dict(annotations)
+    share = annotations.pop(SHARE, None)
     if gpus:
         resources["limits"] = {contract.RESOURCE_GPU: str(gpus)}
+    elif share:
+        resources["limits"] = {contract.RESOURCE_GPU_MEMORY: share}
+        tolerations = [{"key": SHARE_TAINT["key"], "operator": "Exists"}]
     main: dict[str, Any] = {"name": "main", "image": "registry.k8s.io/pause:3.10"}
     if image:
         main = {"name": "main", "image": image, "command": REAL_COMMAND}
+    spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": 0,
+        "restartPolicy": "Never",
+        "containers": [{**main, "resources": resources}],
+    }
+    if share:
+        spec["tolerations"] = tolerations
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "annotations": annotations, "labels": {"app": "demo"}},
-        "spec": {
-            "terminationGracePeriodSeconds": 0,
-            "restartPolicy": "Never",
-            "containers": [{**main, "resources": resources}],
-        },
+        "spec": spec,
     }
 
 
@@ -128,9 +162,11 @@ def why(pod: dict[str, Any], events: list[tuple[str, str]]) -> str:
     """The placement in the extender's own words (its GPUPlacement Event, without the
     leading "N GPUs on NODE: "), or why the pod is pending."""
     placed = [message for reason, message in events if reason == "GPUPlacement"]
-    if placed:  # without "N GPUs on NODE: " and the weights
-        text = placed[-1].split(": ", 1)[-1]
-        return re.sub(r"; weights [^)]*\)", ")", text)
+    if placed:  # without "N GPUs on NODE: " and the weights; a share keeps its GPU
+        head, _, text = placed[-1].partition(": ")
+        gpu = re.search(r"GiB share of (\S+) on ", head)
+        text = re.sub(r"; weights [^)]*\)", ")", text or head)
+        return f"{gpu.group(1)}: {text}" if gpu else text
     if not pod["spec"].get("nodeName"):
         failed = [message for reason, message in events if reason == "FailedScheduling"]
         return f"FailedScheduling: {failed[-1]}"[:160] if failed else "pending"
@@ -164,6 +200,8 @@ def run_demo(workdir: Path, keep: bool, real_node: bool = False) -> int:
         print(f"  up in {time.monotonic() - started:.0f}s; creating nodes and agents", flush=True)
         for node in nodes:
             taints = [GPU_TAINT] if node.gpu else []
+            if node.sharing:  # kept for shares, as an admin would (SHARE_TAINT)
+                taints.append(SHARE_TAINT)
             if node is REAL_NODE:
                 print("  starting a real node: containerd, runc, CNI and a kubelet", flush=True)
                 real = realnode.start_real_node(
@@ -174,7 +212,10 @@ def run_demo(workdir: Path, keep: bool, real_node: bool = False) -> int:
             if node.gpu:
                 path = workdir / f"{node.name}-gpus.yaml"
                 path.write_text(yaml.safe_dump(inventory(node)))
-                stack.start_agent(node.name, path)
+                # the lab runs no device plugin: its sockets would be the host's
+                stack.start_agent(node.name, path, extra=["--device-plugin", "off"])
+            if node.sharing:
+                _play_share_plugin(core, node)
         _wait_for_capacity(core, [n for n in nodes if n.gpu])
         print("  agents published labels and capacity; creating pods", flush=True)
         image = realnode.images().get("GPU_SCHEDULER_IMAGE")
@@ -182,9 +223,9 @@ def run_demo(workdir: Path, keep: bool, real_node: bool = False) -> int:
             runs = image if name == REAL_POD[0] else None
             core.create_namespaced_pod("default", pod_manifest(name, gpus, annotations, runs))
             _wait_pod(core, name, 30 if "b200" not in name else 8)
-        _wait_explanations(core, [name for name, gpus, _, _ in pods if gpus])
+        _wait_explanations(core, [name for name, gpus, a, _ in pods if gpus or SHARE in a])
         rows = []
-        for name, gpus, _, note in pods:
+        for name, gpus, annotations, note in pods:
             pod = stack.api.sanitize_for_serialization(core.read_namespaced_pod(name, "default"))
             events = [
                 (e.reason, e.message)
@@ -193,7 +234,8 @@ def run_demo(workdir: Path, keep: bool, real_node: bool = False) -> int:
                 ).items
             ]
             node_name = pod["spec"].get("nodeName")
-            rows.append((name, node_name or "(Pending)", str(gpus), note, why(pod, events)))
+            asked = f"{annotations[SHARE]} GiB" if SHARE in annotations else str(gpus)
+            rows.append((name, node_name or "(Pending)", asked, note, why(pod, events)))
         print()
         print(render_table(("POD", "NODE", "GPUS", "ASKED FOR", "WHY THAT NODE"), rows))
         print()
@@ -249,6 +291,15 @@ def _wait_explanations(core: Any, names: list[str], timeout: float = 10) -> None
         if placed <= explained:
             return
         time.sleep(0.3)
+
+
+def _play_share_plugin(core: Any, node: DemoNode) -> None:
+    """What the kubelet writes when our device plugin registers a sharing node's
+    units (the demo's nodes have no kubelet)."""
+    units = str(node.share_units())
+    resources = {contract.RESOURCE_GPU_MEMORY: units}
+    patch = {"status": {"capacity": resources, "allocatable": resources}}
+    core.patch_node_status(node.name, patch, field_manager="kubelet")
 
 
 def _wait_for_capacity(core: Any, nodes: list[DemoNode], timeout: float = 90) -> None:

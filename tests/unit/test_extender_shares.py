@@ -372,3 +372,28 @@ def test_a_share_pods_binding_reaches_the_explainer_as_a_whole_gpu_pods_does():
     cache.pod_event("MODIFIED", share_pod("pending", 20, node="s3"))
     cache.pod_event("ADDED", make_pod("cpu-only", 0, node="s3"))  # no GPU: nothing
     assert [node for _, node in seen] == ["s3"]
+
+
+def test_a_share_with_one_node_left_is_explained_with_its_gpu(make_world):
+    """kube-scheduler's own filters left one sharing node (a taint only shares
+    tolerate, say): the filter does not pick, kube-scheduler binds without scoring,
+    and the Event still says which GPU the share went to."""
+    from extender.app import create_app
+    from extender.explain import explain
+
+    class Decisions:  # an explicit fake of the Explainer: what filter hands it
+        def __init__(self) -> None:
+            self.seen: list = []
+
+        def remember(self, decision) -> None:
+            self.seen.append(decision)
+
+    _, cache = make_world()
+    decisions = Decisions()
+    remembered = decisions.seen
+    client = create_app(cache=cache, explainer=decisions).test_client()
+    pod = share_pod("q", 30)
+    body = {"Pod": pod, "Nodes": None, "NodeNames": ["s1"]}
+    assert client.post("/filter", json=body).get_json()["NodeNames"] == ["s1"]
+    (d,) = remembered
+    assert explain(d, "s1").startswith("a 30 GiB share of GPU-s1-0 on s1: ")

@@ -8,7 +8,7 @@ from extender.cache import ClusterCache
 from extender.status import COLUMNS, inventory_rows
 from gpu_scheduler import contract
 from gpu_scheduler.table import render_table
-from lab.demo import NODES, inventory, pod_manifest, why
+from lab.demo import NODES, SHARE, inventory, pod_manifest, why
 from tests.factories import make_lease, make_node, make_pod
 from tests.unit.test_dra import claim, device_class, gpu_device, resource_slice
 
@@ -105,3 +105,14 @@ def test_demo_inventories_and_explanations():
         "FailedScheduling: 0/6 nodes are available"
     )
     assert why(pending, []) == "pending"
+    # A share names its GPU (the device plugin's pick, by the same fit rule).
+    share = pod_manifest("infer", 0, {SHARE: "20"})
+    assert share["spec"]["containers"][0]["resources"]["limits"] == {
+        contract.RESOURCE_GPU_MEMORY: "20"
+    }
+    assert SHARE not in share["metadata"]["annotations"]
+    share["spec"]["nodeName"] = "l40s-share-c3"
+    event = "a 20 GiB share of GPU-l40s-share-c3-0 on l40s-share-c3: extender score 8/10"
+    assert why(share, [("GPUPlacement", event)]) == "GPU-l40s-share-c3-0: extender score 8/10"
+    (shared,) = [n for n in NODES if n.sharing]
+    assert shared.share_units() == 2 * (46068 // 1024)
