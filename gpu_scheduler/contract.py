@@ -137,6 +137,11 @@ SPOT_LABELS: tuple[tuple[str, str], ...] = (
 LABEL_NFD_NVIDIA_PCI = "feature.node.kubernetes.io/pci-10de.present"
 LABEL_EKS_ACCELERATOR = "k8s.amazonaws.com/accelerator"
 LABEL_GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"  # every GKE GPU node
+#: Karpenter (AWS provider) and EKS Auto Mode: the instance type's GPU maker, ``nvidia``.
+LABEL_KARPENTER_GPU_MANUFACTURER = "karpenter.k8s.aws/instance-gpu-manufacturer"
+LABEL_EKS_AUTO_GPU_MANUFACTURER = "eks.amazonaws.com/instance-gpu-manufacturer"
+#: AKS GPU node pools (a reserved system label, ``nvidia``).
+LABEL_AKS_ACCELERATOR = "kubernetes.azure.com/accelerator"
 #: GKE's GPU time-sharing and MPS node pools: the strategy (``time-sharing``, ``mps``)
 #: and how many containers share one GPU (its device plugin advertises that many
 #: ``nvidia.com/gpu`` per GPU). No GFD runs there to write ``gpu.replicas``.

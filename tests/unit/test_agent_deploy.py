@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
+import pytest
 import yaml
 
 from gpu_scheduler import contract
@@ -34,11 +35,201 @@ def test_only_on_gpu_nodes_any_common_label() -> None:
         contract.LABEL_NFD_NVIDIA_PCI,
         contract.LABEL_GPU_PRESENT,
         contract.LABEL_EKS_ACCELERATOR,
+        contract.LABEL_KARPENTER_GPU_MANUFACTURER,
+        contract.LABEL_EKS_AUTO_GPU_MANUFACTURER,
+        contract.LABEL_AKS_ACCELERATOR,
         contract.LABEL_GKE_ACCELERATOR,
     }
     assert keys[contract.LABEL_EKS_ACCELERATOR]["operator"] == "Exists"
     assert keys[contract.LABEL_GKE_ACCELERATOR]["operator"] == "Exists"
     assert keys[contract.LABEL_GPU_PRESENT]["values"] == ["true"]
+
+
+# The labels each platform itself puts on an NVIDIA GPU node, with nothing added by the
+# user (docs/reference/labels.md, "Which nodes run the agent", cites the sources).
+# Each case is (GPU node labels, the same platform's CPU node labels).
+_EKS_NODE = {
+    "kubernetes.io/arch": "amd64",
+    "kubernetes.io/os": "linux",
+    "topology.kubernetes.io/zone": "us-west-2a",
+}
+_EKS_MNG = {**_EKS_NODE, "eks.amazonaws.com/capacityType": "ON_DEMAND"}
+PLATFORM_NODES: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+    # Karpenter (AWS provider): the instance type's well-known labels; the GPU ones only
+    # on instance types with GPUs.
+    "karpenter": (
+        {
+            **_EKS_NODE,
+            "node.kubernetes.io/instance-type": "g6.12xlarge",
+            "karpenter.sh/capacity-type": "on-demand",
+            "karpenter.sh/nodepool": "gpu",
+            "karpenter.k8s.aws/instance-family": "g6",
+            "karpenter.k8s.aws/instance-gpu-manufacturer": "nvidia",
+            "karpenter.k8s.aws/instance-gpu-name": "l4",
+            "karpenter.k8s.aws/instance-gpu-count": "4",
+            "karpenter.k8s.aws/instance-gpu-memory": "22888",
+        },
+        {
+            **_EKS_NODE,
+            "node.kubernetes.io/instance-type": "m7i.2xlarge",
+            "karpenter.sh/capacity-type": "on-demand",
+            "karpenter.sh/nodepool": "default",
+            "karpenter.k8s.aws/instance-family": "m7i",
+            "karpenter.k8s.aws/instance-cpu-manufacturer": "intel",
+        },
+    ),
+    # EKS Auto Mode: the same with the eks.amazonaws.com/ prefix.
+    "eks-auto-mode": (
+        {
+            **_EKS_NODE,
+            "node.kubernetes.io/instance-type": "p5.48xlarge",
+            "eks.amazonaws.com/compute-type": "auto",
+            "karpenter.sh/nodepool": "gpu",
+            "eks.amazonaws.com/instance-family": "p5",
+            "eks.amazonaws.com/instance-gpu-manufacturer": "nvidia",
+            "eks.amazonaws.com/instance-gpu-name": "h100",
+            "eks.amazonaws.com/instance-gpu-count": "8",
+        },
+        {
+            **_EKS_NODE,
+            "node.kubernetes.io/instance-type": "c6g.xlarge",
+            "eks.amazonaws.com/compute-type": "auto",
+            "karpenter.sh/nodepool": "general-purpose",
+            "eks.amazonaws.com/instance-family": "c6g",
+            "eks.amazonaws.com/instance-cpu-manufacturer": "aws",
+        },
+    ),
+    # Managed node groups (AL2023 NVIDIA or Bottlerocket NVIDIA AMI) set no GPU label:
+    # the node group carries k8s.amazonaws.com/accelerator (docs/install/eks.md).
+    "eks-managed-node-group": (
+        {
+            **_EKS_MNG,
+            "node.kubernetes.io/instance-type": "g5.xlarge",
+            "eks.amazonaws.com/nodegroup": "gpu",
+            "eks.amazonaws.com/nodegroup-image": "ami-0123456789abcdef0",
+            "k8s.amazonaws.com/accelerator": "nvidia-a10g",
+        },
+        {
+            **_EKS_MNG,
+            "node.kubernetes.io/instance-type": "m6i.large",
+            "eks.amazonaws.com/nodegroup": "system",
+            "eks.amazonaws.com/nodegroup-image": "ami-0123456789abcdef1",
+        },
+    ),
+    # AKS: a reserved system label on GPU node pools.
+    "aks": (
+        {
+            "kubernetes.io/os": "linux",
+            "node.kubernetes.io/instance-type": "Standard_NC24ads_A100_v4",
+            "kubernetes.azure.com/agentpool": "gpunp",
+            "kubernetes.azure.com/mode": "user",
+            "kubernetes.azure.com/role": "agent",
+            "kubernetes.azure.com/accelerator": "nvidia",
+        },
+        {
+            "kubernetes.io/os": "linux",
+            "node.kubernetes.io/instance-type": "Standard_D4s_v5",
+            "kubernetes.azure.com/agentpool": "nodepool1",
+            "kubernetes.azure.com/mode": "system",
+            "kubernetes.azure.com/role": "agent",
+        },
+    ),
+    # GKE: every node with GPUs attached.
+    "gke": (
+        {
+            "kubernetes.io/os": "linux",
+            "node.kubernetes.io/instance-type": "g2-standard-8",
+            "cloud.google.com/gke-nodepool": "gpu-pool",
+            "cloud.google.com/gke-accelerator": "nvidia-l4",
+            "cloud.google.com/gke-gpu": "true",
+        },
+        {
+            "kubernetes.io/os": "linux",
+            "node.kubernetes.io/instance-type": "e2-standard-4",
+            "cloud.google.com/gke-nodepool": "default-pool",
+        },
+    ),
+    # Anywhere: NFD, or GFD (the GPU Operator).
+    "nfd": (
+        {"feature.node.kubernetes.io/pci-10de.present": "true"},
+        {"feature.node.kubernetes.io/pci-8086.present": "true"},
+    ),
+    "gfd": ({"nvidia.com/gpu.present": "true"}, {"nvidia.com/gpu.present": "false"}),
+}
+
+
+def _agent_pods() -> dict[str, dict[str, Any]]:
+    """The agent's pod spec as deploy/ ships it and as the chart's values set it."""
+    values = yaml.safe_load((ROOT / "charts" / "gpu-scheduler" / "values.yaml").read_text())
+    deploy_spec = daemonset()["spec"]["template"]["spec"]
+    chart_spec = {
+        "nodeSelector": values["agent"]["nodeSelector"],
+        "affinity": values["agent"]["affinity"],
+    }
+    return {"deploy": {"spec": deploy_spec}, "chart": {"spec": chart_spec}}
+
+
+def test_the_chart_and_deploy_choose_the_same_nodes() -> None:
+    pods = _agent_pods()
+    assert pods["deploy"]["spec"]["affinity"] == pods["chart"]["spec"]["affinity"]
+    assert not pods["deploy"]["spec"].get("nodeSelector")
+    assert not pods["chart"]["spec"]["nodeSelector"]
+
+
+@pytest.mark.parametrize("source", ["chart", "deploy"])
+@pytest.mark.parametrize("platform", sorted(PLATFORM_NODES))
+def test_the_agent_lands_on_each_platforms_gpu_nodes_and_not_its_cpu_nodes(
+    platform: str, source: str
+) -> None:
+    from tests.nodeaffinity import required_node_affinity_matches
+
+    pod = _agent_pods()[source]
+    gpu, cpu = PLATFORM_NODES[platform]
+    assert required_node_affinity_matches(pod, {"metadata": {"name": "gpu", "labels": gpu}})
+    assert not required_node_affinity_matches(pod, {"metadata": {"name": "cpu", "labels": cpu}})
+
+
+def test_the_sharing_component_keeps_every_term_off_sharing_nodes() -> None:
+    """deploy/agent/sharing patches the terms by index: one patch per term, or the
+    plain agent would also land on sharing nodes through the unpatched ones."""
+    terms = daemonset()["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    component = yaml.safe_load((AGENT / "sharing" / "kustomization.yaml").read_text())
+    (patch,) = [p for p in component["patches"] if p["target"]["name"] == "gpu-scheduler-agent"]
+    ops = yaml.safe_load(patch["patch"])
+    indices = sorted(int(op["path"].split("/nodeSelectorTerms/")[1].split("/")[0]) for op in ops)
+    assert indices == list(range(len(terms)))
+    assert {op["value"]["operator"] for op in ops} == {"DoesNotExist"}
+
+
+def test_every_term_is_the_only_match_of_some_platform() -> None:
+    """Removing any one term leaves some platform's GPU nodes without the agent."""
+    from tests.nodeaffinity import required_node_affinity_matches
+
+    spec = _agent_pods()["deploy"]["spec"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    for i, term in enumerate(terms):
+        rest = terms[:i] + terms[i + 1 :]
+        pod = {
+            "spec": {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": rest
+                        }
+                    }
+                }
+            }
+        }
+        lost = [
+            p
+            for p, (gpu, _) in PLATFORM_NODES.items()
+            if not required_node_affinity_matches(pod, {"metadata": {"name": p, "labels": gpu}})
+        ]
+        assert lost, f"no platform needs {term}"
 
 
 def test_pod_spec() -> None:
