@@ -30,14 +30,21 @@ def fail(command: str, problem: object, code: int = 2) -> int:
     return code
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gpu-scheduler", description="GPU-aware scheduling for Kubernetes."
-    )
+#: What ``kubectl gpu-scheduler`` offers a cluster's users: the read-only commands
+#: (the rest serve the components, in their pods).
+KUBECTL_COMMANDS = ("status", "explain")
+
+
+def build_parser(
+    prog: str = "gpu-scheduler", commands: tuple[str, ...] | None = None
+) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="GPU-aware scheduling for Kubernetes.")
     parser.add_argument("--version", action="version", version=f"gpu-scheduler {__version__}")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
+        if commands is not None and name not in commands:
+            continue
         command = importlib.import_module(module)
         child = sub.add_parser(name, help=help_text, description=help_text)
         command.configure(child)
@@ -45,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    parser = parser or build_parser()
     args = parser.parse_args(argv)
     from gpu_scheduler.logs import setup_logging
 
@@ -55,6 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:
         return 130
+
+
+def kubectl_main(argv: list[str] | None = None) -> int:
+    """``kubectl gpu-scheduler status|explain``: kubectl runs the ``kubectl-gpu_scheduler``
+    executable it finds on PATH (a plugin); the user's kubeconfig as kubectl's own
+    (``--kubeconfig``, else ``KUBECONFIG``, else ``~/.kube/config``)."""
+    return main(argv, build_parser("kubectl gpu-scheduler", KUBECTL_COMMANDS))
 
 
 if __name__ == "__main__":

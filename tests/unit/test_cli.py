@@ -31,3 +31,26 @@ def test_the_extender_refuses_args_mode_and_takes_the_old_cluster_flag(capsys):
     assert parser.parse_args(["--node-source=cluster"]).node_source == "cluster"
     assert cli.run(parser.parse_args(["--node-source=args"])) == 2
     assert "nodeCacheCapable: true" in capsys.readouterr().err
+
+
+def test_the_kubectl_plugin_offers_the_read_only_commands(capsys):
+    """`kubectl gpu-scheduler`: the package's `kubectl-gpu_scheduler` script (kubectl
+    finds it on PATH) offers status and explain, not the components' servers."""
+    import tomllib
+
+    import pytest
+
+    from gpu_scheduler.cli import kubectl_main
+
+    with open("pyproject.toml", "rb") as handle:
+        scripts = tomllib.load(handle)["project"]["scripts"]
+    assert scripts["kubectl-gpu_scheduler"] == "gpu_scheduler.cli:kubectl_main"
+    with pytest.raises(SystemExit):
+        kubectl_main(["--help"])
+    usage = capsys.readouterr().out
+    assert usage.startswith("usage: kubectl gpu-scheduler")
+    commands = {line.split()[0] for line in usage.splitlines() if line.startswith("    ")}
+    assert {"status", "explain"} <= commands and not commands & {"agent", "extender", "webhook"}
+    with pytest.raises(SystemExit) as refused:
+        kubectl_main(["agent"])
+    assert refused.value.code == 2
