@@ -540,6 +540,10 @@ def test_kustomize_users_pin_the_scheduler_to_their_cluster(control_plane_binary
 
     # The README points at the reader's clone; kustomize takes relative paths only.
     overlay["resources"] = [os.path.relpath(ROOT / "deploy", tmp_path)]
+    clone = "../gpu-scheduler/"
+    overlay["components"] = [
+        os.path.relpath(ROOT / c.removeprefix(clone), tmp_path) for c in overlay["components"]
+    ]
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
     docs = list(
         yaml.safe_load_all(_run(control_plane_binary, "kubectl", "kustomize", str(tmp_path)))
@@ -547,6 +551,9 @@ def test_kustomize_users_pin_the_scheduler_to_their_cluster(control_plane_binary
     wanted = overlay["images"][0]
     assert scheduler_image(docs) == f"{wanted['name']}:{wanted['newTag']}"
     assert scheduler_image(docs) != base_scheduler_image()
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and "scheduler-config" in str(d)]
+    profile = yaml.safe_load(config["data"]["scheduler-config.yaml"])["profiles"][0]
+    assert "podGroupPostFilter" not in profile.get("plugins", {})  # 1.34 refuses the field
 
 
 def _fails(binary, *args: str) -> str:

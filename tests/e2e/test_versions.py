@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
 from gpu_scheduler import contract
-from lab.controlplane import find_binary, supported_minors, tools_binary
+from lab.controlplane import ROOT, find_binary, supported_minors, tools_binary
 from lab.stack import scheduler_config, start_stack
 from tests.e2e.kube import (
     core,
@@ -246,3 +247,65 @@ def test_dra_off_leaves_extender_and_agent_working(tmp_path_factory, control_pla
         assert len(kinds) == len(set(kinds)) >= 3, absent  # one line per kind, not a loop
     finally:
         stack.stop()
+
+
+def test_kustomize_with_the_oldest_minors_component_gives_a_config_it_decodes(
+    tmp_path, control_plane_binary
+):
+    """deploy/ with deploy/scheduler/minors/v1.NN (the oldest supported minor): the
+    KubeSchedulerConfiguration that minor's kube-scheduler decodes (it decodes strictly:
+    an unknown field stops it at start); the base's, 1.37's, it refuses."""
+    import os
+    import subprocess
+
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    component = ROOT / "deploy" / "scheduler" / "minors" / f"v{OLDEST}"
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [os.path.relpath(ROOT / "deploy", overlay)],
+                "components": [os.path.relpath(component, overlay)],
+            }
+        )
+    )
+    rendered = subprocess.run(
+        [str(control_plane_binary), "kubectl", "kustomize", str(overlay)],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    (config,) = [
+        d
+        for d in yaml.safe_load_all(rendered)
+        if d and d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("gpu-scheduler-conf")
+    ]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "users": [{"name": "u", "user": {"token": "x"}}],
+                "current-context": "c",
+            }
+        )
+    )
+
+    def start(text: str) -> str:
+        cfg = yaml.safe_load(text)
+        cfg["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+        path = tmp_path / "scheduler-config.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        try:
+            done = subprocess.run(
+                [str(oldest_binary()), "kube-scheduler", f"--config={path}", "--secure-port=0"],
+                capture_output=True, text=True, timeout=20,
+            )  # fmt: skip
+            return done.stderr
+        except subprocess.TimeoutExpired as exc:  # decoded, and running: fine
+            return (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else ""
+
+    assert "strict decoding error" not in start(config["data"]["scheduler-config.yaml"])
+    base = (ROOT / "deploy" / "scheduler" / "scheduler-config.yaml").read_text()
+    assert "strict decoding error" in start(base)
