@@ -39,9 +39,12 @@ COLUMNS = (
 
 
 def kind(facts: NodeFacts) -> str:
-    """How the node's GPUs are offered: whole, shared xN, MIG or DRA."""
+    """How the node's GPUs are offered: whole, shares (of GiB, our device plugin's),
+    shared xN, MIG or DRA."""
     if facts.dra:
         return "DRA"
+    if facts.shared is not None:
+        return "shares"
     if facts.replicas > 1:
         return f"shared x{facts.replicas}"
     if facts.product and MIG_PART in facts.product:

@@ -116,3 +116,12 @@ def test_demo_inventories_and_explanations():
     assert why(share, [("GPUPlacement", event)]) == "GPU-l40s-share-c3-0: extender score 8/10"
     (shared,) = [n for n in NODES if n.sharing]
     assert shared.share_units() == 2 * (46068 // 1024)
+
+
+def test_a_node_labelled_for_shares_is_of_kind_shares():
+    from extender.model import node_facts
+    from extender.status import kind
+    from tests.unit.test_extender_shares import shared_node
+
+    assert kind(node_facts(shared_node("s1"))) == "shares"
+    assert kind(node_facts(make_node("w", 8))) == "whole"
