@@ -40,7 +40,6 @@ from extender.policies import Policy, build_policies
 from extender.policies.gpu import share_gpu
 from extender.policies.group import group_state
 from extender.records import object_key
-from gpu_scheduler import podspec
 from gpu_scheduler.http import install_ops_endpoints
 
 log = logging.getLogger("extender")
@@ -88,7 +87,7 @@ class Decider:
         uid = _uid(req.args.pod)
         if req.view.nominated:  # preemptors waiting for their victims (extender/nominated.py)
             outcome = nominated.hold(
-                req.pod, uid, _priority(req.args.pod), outcome, req.view, self.policies
+                req.pod, uid, wire.pod_priority(req.args.pod), outcome, req.view, self.policies
             )
         asks = req.pod.gpus or req.pod.shares
         if self.explainer is not None and asks and uid and len(outcome.passed) == 1:
@@ -282,11 +281,6 @@ def _health(facts: NodeFacts | None) -> tuple[int, int] | None:
     if facts is None or not facts.unhealthy:
         return None
     return facts.usable, facts.allocatable
-
-
-def _priority(pod: Any) -> int:
-    spec = pod.get("spec") if isinstance(pod, dict) else None
-    return podspec.pod_priority(spec) if isinstance(spec, dict) else 0
 
 
 def _uid(pod: Any) -> str | None:

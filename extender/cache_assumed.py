@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from extender import metrics
-from extender.records import PodRecord, pod_record
+from extender.records import PodRecord, record_on
 
 #: Seconds a pick counts without the watch confirming it. A binding takes
 #: milliseconds; a gang's members wait at Permit for their siblings, seconds.
@@ -47,10 +47,7 @@ class AssumedPicks:
 
     def assume(self, pod: Mapping[str, Any], node: str) -> None:
         """The filter picked ``node`` for ``pod``: count it there from now on."""
-        spec = pod.get("spec")
-        if not isinstance(spec, Mapping):
-            return
-        found = pod_record({**pod, "spec": {**spec, "nodeName": node}})
+        found = record_on(pod, node)
         if found is None:
             return
         uid, record = found

@@ -33,7 +33,7 @@ from types import MappingProxyType
 from typing import Any
 
 from extender import metrics
-from extender.records import PodRecord, object_key, pod_record
+from extender.records import PodRecord, object_key, record_on
 
 #: Pods not bound and not finished.
 PENDING_FIELD_SELECTOR = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
@@ -54,7 +54,7 @@ def nominated_record(pod: Mapping[str, Any]) -> tuple[str, PodRecord] | None:
         return None
     if spec.get("nodeName"):
         return None
-    found = pod_record({**pod, "spec": {**spec, "nodeName": node}})
+    found = record_on(pod, node)
     if found is None or not (found[1].gpus or found[1].shares):
         return None
     return found

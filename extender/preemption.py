@@ -69,11 +69,12 @@ from extender import metrics, wire
 from extender.budgets import NOT_STARTED, BudgetReader, NodeBudgets, more_important
 from extender.endpoints import Call
 from extender.model import NodeFacts, PodFacts
+from extender.nominated import ahead as nominated_ahead
 from extender.policies import Policy
 from extender.records import PodRecord, object_key
 from extender.view import View
 from extender.what_if import fits_with
-from gpu_scheduler import contract, podspec
+from gpu_scheduler import contract
 from gpu_scheduler.taints import intolerable
 
 #: Scarcity pressure from which a GPU product is one the restricted pods need.
@@ -144,7 +145,7 @@ def decide(
         chosen = list(dict.fromkeys(victims.uids))
         violations = victims.pdb_violations
         if not facts.dra:  # a DRA node's devices are kube-scheduler's to count
-            ahead = nominated_ahead(view, name, uid, priority)
+            ahead = [record for _, record in nominated_ahead(view, name, uid, priority)]
             kept = _fill(
                 pod, priority, facts, records, chosen, ahead, fixed, view, policies, budgets
             )
@@ -236,14 +237,6 @@ def _importance(
     if found is not None:
         return (*more_important(found), seq)
     return (-(record.priority if record is not None else 0), NOT_STARTED, seq)
-
-
-def nominated_ahead(view: View, node: str, uid: str | None, priority: int) -> list[PodRecord]:
-    """Pods nominated to ``node`` that count in its what-if (equal or higher priority
-    than the preemptor, not itself), as ``SelectVictimsOnNode`` filters with them."""
-    return [
-        r for other, r in view.nominated.get(node, ()) if other != uid and r.priority >= priority
-    ]
 
 
 def _behind(
@@ -376,8 +369,7 @@ class Recent:
 def parse_call(payload: Any, pod_facts: Callable[[Any], PodFacts], cache: Any) -> PreemptCall:
     pod, nodes = wire.parse_preemption(payload)
     call = PreemptCall(wire.ExtenderArgs(pod, list(nodes)), pod_facts(pod), cache.view)
-    spec = pod.get("spec")
-    call.priority = podspec.pod_priority(spec) if isinstance(spec, Mapping) else 0
+    call.priority = wire.pod_priority(pod)
     call.proposed = {name: Victims(tuple(uids), pdb) for name, (uids, pdb) in nodes.items()}
     return call
 

@@ -134,6 +134,14 @@ def pod_record(pod: Mapping[str, Any]) -> tuple[str, PodRecord] | None:
     )
 
 
+def record_on(pod: Mapping[str, Any], node: str) -> tuple[str, PodRecord] | None:
+    """(uid, record) of ``pod`` as if bound to ``node`` (a pick, a nomination)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return None
+    return pod_record({**pod, "spec": {**spec, "nodeName": node}})
+
+
 def object_key(obj: Any) -> str | None:
     """The key the cache keeps an API object under: its uid, else namespace/name;
     None for an object with neither (nothing can track it)."""

@@ -19,6 +19,7 @@ import orjson
 
 from extender.engine import FilterOutcome
 from extender.model import MAX_NAME
+from gpu_scheduler import podspec
 from gpu_scheduler.http import BadInput
 from gpu_scheduler.quantity import type_name
 from gpu_scheduler.textclip import clip
@@ -254,6 +255,12 @@ def preemption_result(kept: Mapping[str, tuple[Sequence[str], int]]) -> dict[str
             for name, (uids, pdb) in kept.items()
         }
     }
+
+
+def pod_priority(pod: Mapping[str, Any]) -> int:
+    """The Pod's ``spec.priority`` (podspec.pod_priority; 0 for a spec it cannot read)."""
+    spec = pod.get("spec")
+    return podspec.pod_priority(spec) if isinstance(spec, Mapping) else 0
 
 
 def nominated_node(pod: Mapping[str, Any]) -> str | None:
