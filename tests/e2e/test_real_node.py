@@ -507,6 +507,24 @@ def test_nothing_a_node_needs_waits_on_the_webhook(real):
         webhook_pods_ready(real, "the webhook's pods back")
 
 
+def admitted_by_no_webhook(core: client.CoreV1Api, after: str) -> None:
+    """GPU pods are admitted, and soon by no webhook. The apiserver reads webhook
+    configurations through an informer, so it may call a (terminating) webhook for a
+    moment after its configuration is deleted; none may be refused meanwhile."""
+    refused: list[ApiException] = []
+
+    def unmutated() -> bool:
+        try:
+            pod = core.create_namespaced_pod("default", _gpu_pod_body("after"), dry_run="All")
+        except ApiException as exc:
+            refused.append(exc)
+            return True
+        return pod.spec.scheduler_name != contract.SCHEDULER_NAME
+
+    wait_for(unmutated, 15, f"a GPU pod admitted by no webhook after {after}", 0.2)
+    assert not refused, f"a GPU pod refused after {after}: {refused[0]}"
+
+
 def _gpu_pod_body(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -546,8 +564,7 @@ def test_upgrade_from_the_previous_release_keeps_gpu_pods_placeable(real, tmp_pa
     admission = client.AdmissionregistrationV1Api(real.api)
     names = [c.metadata.name for c in admission.list_mutating_webhook_configuration().items]
     assert "gpu-scheduler-webhook" not in names
-    created = core.create_namespaced_pod("default", _gpu_pod_body("after-uninstall"), dry_run="All")
-    assert created.spec.scheduler_name != contract.SCHEDULER_NAME  # no webhook: unmutated
+    admitted_by_no_webhook(core, "helm uninstall")
     # The controller's Secrets are not the release's: an admin deletes the namespace.
     core.delete_namespace(NAMESPACE)
     namespace_gone(real)
@@ -686,5 +703,4 @@ def test_kubectl_apply_k_installs_the_same_with_nothing_on_the_host(real):
     finally:
         core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
     subprocess_run("kubectl", "delete", "--wait=false", "-k", str(overlay))
-    after = core.create_namespaced_pod("default", _gpu_pod_body("after-delete"), dry_run="All")
-    assert after.spec.scheduler_name != contract.SCHEDULER_NAME  # admitted, by no webhook
+    admitted_by_no_webhook(core, "kubectl delete -k")
