@@ -58,8 +58,7 @@ def canon(value: Any) -> Any:
 MAX_NAME = 253
 #: More GPUs than any node has; bigger counts are clamped so arithmetic stays small.
 MAX_GPUS = 1 << 20
-#: In a product label, the part GFD's MIG single strategy adds (``…-MIG-1g.10gb``).
-MIG_PART = "-MIG-"
+MIG_PART = contract.MIG_PART
 
 
 @dataclass(slots=True)

@@ -52,6 +52,8 @@ LABEL_GFD_TIMESTAMP = "nvidia.com/gfd.timestamp"
 LABEL_GPU_MEMORY_LEGACY = "gpu.nvidia.com/memory"
 #: GFD's product suffix for a time-sliced or MPS-shared GPU (not renamed).
 SHARED_SUFFIX = "-SHARED"
+#: In a product label, the part GFD's MIG single strategy adds (``…-MIG-1g.10gb``).
+MIG_PART = "-MIG-"
 
 #: The GPU Feature Discovery label keys the agent writes (unless GFD labels the node):
 #: it may add, change or remove these and no others.

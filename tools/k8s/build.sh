@@ -11,6 +11,12 @@
 #   tools/k8s/build.sh --path kueue     where that build is (or would be)
 #   tools/k8s/build.sh linters          actionlint and helm-docs (`make lint` runs them)
 #   tools/k8s/build.sh --path linters   the folder they are (or would be) in
+#   tools/k8s/build.sh plugins [MINOR]  kube-scheduler with gpu-scheduler's framework
+#                                       plugins (plugins/cmd/kube-scheduler), built from
+#                                       that minor's module into .cache/k8s/
+#                                       <version>-plugins-<hash>/kube-scheduler
+#   tools/k8s/build.sh --path plugins [MINOR]   where that build is (or would be)
+#   tools/k8s/build.sh --tags MINOR     the Go build tags that minor's plugins need
 #
 # The newest minor's module is tools/k8s itself (it also carries helm: helm.go); each
 # older one is tools/k8s/v1.NN, a go.mod of its own that links tools/k8s/components.go.
@@ -53,6 +59,32 @@ path_of() {
   dir=$(module_dir "$1"); version=$(version_of "$dir"); flags=$(ldflags "$version" "$dir")
   hash=$( (cat "$dir/go.mod" "$dir/go.sum" "$dir"/*.go; echo "$flags") | sha1sum | cut -c1-8)
   echo "$ROOT/.cache/k8s/$version-$hash/k8s"
+}
+
+# The plugins (plugins/, a Go module each minor's module requires and replaces with the
+# folder): the framework's types moved in 1.35, and pkg/fwk picks them by a build tag.
+PLUGINS_MAIN=github.com/gpu-scheduler/gpu-scheduler/plugins/cmd/kube-scheduler
+tags_of() { [ "$1" = 1.34 ] && echo k8s1_34 || true; }
+plugins_path() {
+  local minor=$1 dir version flags hash
+  dir=$(module_dir "$minor"); version=$(version_of "$dir"); flags=$(ldflags "$version" "$dir")
+  hash=$( (cat "$dir/go.mod" "$dir/go.sum"; cd "$ROOT/plugins" && find . -type f \( -name '*.go' \
+    -o -name go.mod -o -name go.sum \) | LC_ALL=C sort | xargs cat; echo "$flags $(tags_of "$minor")") \
+    | sha1sum | cut -c1-8)
+  echo "$ROOT/.cache/k8s/$version-plugins-$hash/kube-scheduler"
+}
+
+build_plugins() {
+  local minor=$1 bin dir version start
+  bin=$(plugins_path "$minor"); dir=$(module_dir "$minor"); version=$(version_of "$dir")
+  [ -x "$bin" ] && { echo "kube-scheduler $version with the plugins: $bin"; return 0; }
+  mkdir -p "$(dirname "$bin")"; start=$SECONDS
+  echo "building kube-scheduler $version with the plugins into $(dirname "$bin")" \
+    "(cold: the scheduler's packages, shared with the control plane's build)"
+  (cd "$dir" && go build -trimpath -tags "$(tags_of "$minor")" \
+    -ldflags="$(ldflags "$version" "$dir")" -o "$bin.tmp" "$PLUGINS_MAIN")
+  mv "$bin.tmp" "$bin"
+  echo "kube-scheduler $version with the plugins ready in $((SECONDS - start)) s: $bin"
 }
 
 KUEUE_TOOL=sigs.k8s.io/kueue/cmd/kueue
@@ -109,7 +141,10 @@ build_linters() {  # one set of ldflags for both: each -X names a variable only 
 case "${1:-}" in
   --minors) minors; exit 0 ;;
   --path) case "${2:-}" in kueue) kueue_path ;; linters) linters_path ;;
+    plugins) plugins_path "${3:-$(newest)}" ;;
     *) path_of "${2:-$(newest)}" ;; esac; exit 0 ;;
+  --tags) module_dir "$2" >/dev/null; tags_of "$2"; exit 0 ;;
+  plugins) build_plugins "${2:-$(newest)}"; exit 0 ;;
   kueue) build_kueue; exit 0 ;;
   linters) build_linters; exit 0 ;;
 esac

@@ -96,6 +96,7 @@ require (
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/gorilla/websocket v1.5.4-0.20250319132907-e064f32e3674 // indirect
 	github.com/gosuri/uitable v0.0.4 // indirect
+	github.com/gpu-scheduler/gpu-scheduler/plugins v0.0.0
 	github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus v1.1.0 // indirect
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.3 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.29.0 // indirect
@@ -215,7 +216,7 @@ require (
 	k8s.io/kube-controller-manager v0.0.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect
 	k8s.io/kube-proxy v0.0.0 // indirect
-	k8s.io/kube-scheduler v0.0.0 // indirect
+	k8s.io/kube-scheduler v0.34.4 // indirect
 	k8s.io/kubelet v0.37.2 // indirect
 	k8s.io/metrics v0.37.2 // indirect
 	k8s.io/mount-utils v0.0.0 // indirect
@@ -269,3 +270,5 @@ replace (
 	k8s.io/sample-controller => k8s.io/sample-controller v0.37.2
 	k8s.io/streaming => k8s.io/streaming v0.37.2
 )
+
+replace github.com/gpu-scheduler/gpu-scheduler/plugins => ../../plugins

@@ -1,0 +1,178 @@
+// Package facts reads what the GPU decisions need from Node and Pod objects, once: the
+// Go twin of extender/model.py. Every key it reads comes from the generated contract.
+package facts
+
+import (
+	"strconv"
+	"strings"
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
+)
+
+// Node is what the plugins know about one node, from its labels, allocatable and the
+// agent's annotation (extender.model.NodeFacts).
+type Node struct {
+	Name string
+	// Allocatable nvidia.com/gpu (whole GPUs, MIG devices, or replicas), clamped.
+	Allocatable int64
+	Labelled    bool
+	// MemoryMiB is what one pod can count on per GPU (divided by replicas); -1: no label.
+	MemoryMiB int64
+	Product   string
+	// Model is Product without GFD's -SHARED suffix.
+	Model        string
+	CapacityType string // "spot", "on-demand", or "" (no cloud's label: on-demand)
+	Zone         string
+	// Domains are (label key, value) of each topology level the node is labelled with.
+	Domains  [][2]string
+	Replicas int64
+	Health   *Health
+	// Sharing: the agent's device plugin shares these GPUs (gpu-scheduler.io/gpu-sharing
+	// or allocatable gpu-scheduler.io/gpu-memory).
+	Sharing bool
+}
+
+// Usable is the GPUs a pod can be given: Allocatable, and on an agent-managed node no
+// more than the agent reads healthy.
+func (n *Node) Usable(managed bool) int64 {
+	if n.Health == nil || !managed {
+		return n.Allocatable
+	}
+	return n.Health.Usable(n.Allocatable)
+}
+
+// Unhealthy lists the sick GPUs in words where they are believed (managed nodes).
+func (n *Node) Unhealthy(managed bool) []string {
+	if n.Health == nil || !managed {
+		return nil
+	}
+	return n.Health.Unhealthy
+}
+
+// ReadNode reads a Node; levels are the topology labels whose values it keeps.
+func ReadNode(node *v1.Node, levels []string) *Node {
+	labels := node.Labels
+	out := &Node{Name: node.Name, MemoryMiB: -1, Replicas: 1}
+	if q, ok := node.Status.Allocatable[v1.ResourceName(contract.ResourceGpu)]; ok {
+		out.Allocatable = min(max(q.Value(), 0), contract.MaxGpus)
+	}
+	_, counted := labels[contract.LabelGpuCount]
+	out.Labelled = labels[contract.LabelGpuPresent] == "true" || counted
+	out.Replicas = replicas(labels[contract.LabelGpuReplicas])
+	if labels[contract.LabelGkeGpuSharingStrategy] != "" {
+		out.Replicas = max(out.Replicas, replicas(labels[contract.LabelGkeMaxSharedClients]))
+	}
+	if memory, ok := nodeMemory(labels); ok {
+		out.MemoryMiB = memory / out.Replicas
+	}
+	out.Product = labels[contract.LabelGpuProduct]
+	out.Model = strings.TrimSuffix(out.Product, contract.SharedSuffix)
+	out.CapacityType = CapacityType(labels)
+	out.Zone = labels[contract.LabelZone]
+	for _, key := range levels {
+		if value := labels[key]; value != "" {
+			out.Domains = append(out.Domains, [2]string{key, value})
+		}
+	}
+	migSingle := out.Product != "" && strings.Contains(out.Product, contract.MigPart)
+	out.Health = ReadHealth(node.Annotations[contract.AnnGpus], out.Replicas, migSingle)
+	units := node.Status.Allocatable[v1.ResourceName(contract.ResourceGpuMemory)]
+	mode := labels[contract.LabelGpuSharing]
+	out.Sharing = units.Value() > 0 || mode == contract.SharingModes[0] || mode == contract.SharingModes[1]
+	return out
+}
+
+// CapacityType: "spot" when any cloud's spot label carries its spot value,
+// "on-demand" when one of those keys carries another value, else "".
+func CapacityType(labels map[string]string) string {
+	known := false
+	for _, pair := range contract.SpotLabels {
+		value, ok := labels[pair[0]]
+		if !ok {
+			continue
+		}
+		if value == pair[1] {
+			return "spot"
+		}
+		known = true
+	}
+	if known {
+		return "on-demand"
+	}
+	return ""
+}
+
+// LabelInt reads a label value as node affinity's Gt/Lt do: plain digits within int64.
+func LabelInt(value string) (int64, bool) {
+	if value == "" || len(value) > 63 || strings.Trim(value, "0123456789") != "" {
+		return 0, false
+	}
+	number, err := strconv.ParseInt(value, 10, 64)
+	return number, err == nil
+}
+
+func nodeMemory(labels map[string]string) (int64, bool) {
+	key := contract.LabelGpuMemory
+	if _, ok := labels[key]; !ok {
+		key = contract.LabelGpuMemoryLegacy
+	}
+	return LabelInt(labels[key])
+}
+
+// replicas is GFD's gpu.replicas as a divisor: 1 unless it says the GPU is shared.
+func replicas(value string) int64 {
+	if value != "" && len(value) <= 5 && strings.Trim(value, "0123456789") == "" {
+		number, _ := strconv.ParseInt(value, 10, 64)
+		return max(1, number)
+	}
+	return 1
+}
+
+// Cache keeps each node's facts for its resourceVersion: a node is read once per
+// change, not once per Filter call (kube-scheduler filters 16 nodes at once).
+type Cache struct {
+	levels []string
+	mu     sync.RWMutex
+	nodes  map[string]cached
+}
+
+type cached struct {
+	version string
+	facts   *Node
+}
+
+// NewCache keeps facts with the given topology levels.
+func NewCache(levels []string) *Cache {
+	return &Cache{levels: levels, nodes: map[string]cached{}}
+}
+
+// Of gives the node's facts, read again only when its resourceVersion changed (an
+// object without one, as in tests, is read every time).
+func (c *Cache) Of(node *v1.Node) *Node {
+	version := node.ResourceVersion
+	if version != "" {
+		c.mu.RLock()
+		got, ok := c.nodes[node.Name]
+		c.mu.RUnlock()
+		if ok && got.version == version {
+			return got.facts
+		}
+	}
+	facts := ReadNode(node, c.levels)
+	if version != "" {
+		c.mu.Lock()
+		c.nodes[node.Name] = cached{version, facts}
+		c.mu.Unlock()
+	}
+	return facts
+}
+
+// Forget drops a deleted node's facts.
+func (c *Cache) Forget(name string) {
+	c.mu.Lock()
+	delete(c.nodes, name)
+	c.mu.Unlock()
+}

@@ -1,0 +1,198 @@
+package facts
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	resourcehelper "k8s.io/component-helpers/resource"
+
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
+)
+
+// Pod is a pod being scheduled with its knobs read and checked once
+// (extender.model.PodFacts).
+type Pod struct {
+	Gpus int64
+	// Shares: units of gpu-scheduler.io/gpu-memory asked, per container that asks.
+	Shares      []int64
+	MinMemory   int64 // MiB per GPU; -1: not asked
+	Products    map[string]bool
+	Placement   string
+	Spot        string
+	Group       string
+	Namespace   string
+	Error       string // the annotations it cannot honour: every node fails with it
+	Constrained bool   // it names products (the scarcity score leaves it alone)
+}
+
+// GpuRequest is the pod's nvidia.com/gpu as kube-scheduler sums it (init containers,
+// sidecars and all).
+func GpuRequest(pod *v1.Pod) int64 {
+	requests := resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{})
+	q := requests[v1.ResourceName(contract.ResourceGpu)]
+	return q.Value()
+}
+
+// ReadPod reads a pod; defaultPlacement is the configured binpack or spread.
+func ReadPod(pod *v1.Pod, defaultPlacement string) *Pod {
+	out := &Pod{Gpus: GpuRequest(pod), MinMemory: -1, Namespace: pod.Namespace}
+	for _, c := range pod.Spec.Containers {
+		if q, ok := c.Resources.Requests[v1.ResourceName(contract.ResourceGpuMemory)]; ok && q.Value() > 0 {
+			out.Shares = append(out.Shares, q.Value())
+		}
+	}
+	ann := pod.Annotations
+	var errs []string
+	if raw, ok := ann[contract.AnnMinGpuMemory]; ok {
+		if value, err := ParseMiB(raw); err != nil {
+			errs = append(errs, fmt.Sprintf("%s=%s is not a memory size (use e.g. 40Gi, 80G, or MiB "+
+				"as an integer): %s", contract.AnnMinGpuMemory, pyRepr(raw), err))
+		} else {
+			out.MinMemory = value
+		}
+	}
+	if raw, ok := ann[contract.AnnGpuProducts]; ok {
+		products := parseProducts(raw)
+		switch {
+		case products == nil:
+			errs = append(errs, contract.AnnGpuProducts+" is empty")
+		case len(products) > contract.MaxProducts || longest(products) > contract.MaxLabelValue:
+			errs = append(errs, fmt.Sprintf("%s=%s: at most %d products, each a label value of at "+
+				"most 63 characters", contract.AnnGpuProducts, pyRepr(raw), contract.MaxProducts))
+		default:
+			out.Products = products
+			out.Constrained = true
+		}
+	}
+	if raw, ok := ann[contract.AnnSpot]; ok {
+		if slices.Contains(contract.SpotPreferences, raw) {
+			out.Spot = raw
+		} else {
+			errs = append(errs, fmt.Sprintf("%s=%s: use prefer, avoid, require or forbid",
+				contract.AnnSpot, pyRepr(raw)))
+		}
+	}
+	out.Placement = defaultPlacement
+	if raw, ok := ann[contract.AnnPlacement]; ok {
+		if slices.Contains(contract.Placements, raw) {
+			out.Placement = raw
+		} else {
+			errs = append(errs, fmt.Sprintf("%s=%s: use binpack or spread", contract.AnnPlacement, pyRepr(raw)))
+		}
+	}
+	if out.Spot == "" && (out.Gpus > 0 || len(out.Shares) > 0) {
+		out.Spot = "avoid"
+	}
+	out.Group = ann[contract.AnnGroup]
+	out.Error = strings.Join(errs, "; ")
+	return out
+}
+
+// WantsGpus: the pod asks whole GPUs or a share of one.
+func (p *Pod) WantsGpus() bool { return p.Gpus > 0 || len(p.Shares) > 0 }
+
+func parseProducts(raw string) map[string]bool {
+	out := map[string]bool{}
+	for _, part := range strings.Split(raw, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out[strings.TrimSuffix(part, contract.SharedSuffix)] = true
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+func longest(products map[string]bool) int {
+	n := 0
+	for p := range products {
+		n = max(n, len([]rune(p)))
+	}
+	return n
+}
+
+// SortedProducts lists products in order, for words.
+func SortedProducts(products map[string]bool) []string {
+	out := make([]string, 0, len(products))
+	for p := range products {
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ParseMiB reads GPU memory as a user writes it (gpu_scheduler.contract.parse_mib):
+// 40Gi, 80G, 512Mi, or a plain MiB integer; errors are worded as the extender's.
+func ParseMiB(value string) (int64, error) {
+	text := strings.TrimSpace(value)
+	if text != "" && strings.Trim(text, "0123456789") == "" {
+		if len(text) > 18 {
+			return 0, fmt.Errorf("memory size %s is beyond 2**63-1", pyRepr(text))
+		}
+		return strconv.ParseInt(text, 10, 64)
+	}
+	if text == "" {
+		return 0, fmt.Errorf("empty quantity")
+	}
+	q, err := resource.ParseQuantity(text)
+	if err != nil {
+		return 0, fmt.Errorf("not a quantity: %s (use e.g. 2, 500m, 40Gi, 80G or 1e3)", pyRepr(text))
+	}
+	if q.CmpInt64(math.MaxInt64) > 0 || q.CmpInt64(-math.MaxInt64) < 0 {
+		return 0, fmt.Errorf("quantity %s is beyond 2**63-1", pyRepr(text))
+	}
+	if q.Sign() < 0 {
+		return 0, fmt.Errorf("memory must not be negative: %s", pyRepr(value))
+	}
+	// Whole bytes, rounded down (Python's int() of the exact amount), then MiB.
+	return floorInt(q.AsDec().String()) >> 20, nil
+}
+
+// floorInt is the integer part of a non-negative decimal text.
+func floorInt(text string) int64 {
+	if i := strings.IndexByte(text, '.'); i >= 0 {
+		text = text[:i]
+	}
+	n, _ := strconv.ParseInt(text, 10, 64)
+	return n
+}
+
+// pyRepr is Python's repr of a string, as the extender's words quote values.
+func pyRepr(s string) string {
+	quote := "'"
+	if strings.Contains(s, "'") && !strings.Contains(s, `"`) {
+		quote = `"`
+	}
+	var b strings.Builder
+	b.WriteString(quote)
+	for _, r := range s {
+		switch {
+		case r == '\\':
+			b.WriteString(`\\`)
+		case string(r) == quote:
+			b.WriteString(`\` + quote)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r < 0x20 || r == 0x7f:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteString(quote)
+	if len(s) > 1024 {
+		return b.String()[:1025] + fmt.Sprintf("... (truncated of %d characters)", len(s))
+	}
+	return b.String()
+}

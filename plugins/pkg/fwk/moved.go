@@ -1,0 +1,24 @@
+//go:build !k8s1_34
+
+package fwk
+
+import fw "k8s.io/kube-scheduler/framework"
+
+// The types that moved to the staging module in 1.35.
+type (
+	Handle              = fw.Handle
+	Plugin              = fw.Plugin
+	PreFilterPlugin     = fw.PreFilterPlugin
+	FilterPlugin        = fw.FilterPlugin
+	PreScorePlugin      = fw.PreScorePlugin
+	ScorePlugin         = fw.ScorePlugin
+	EnqueueExtensions   = fw.EnqueueExtensions
+	PreFilterResult     = fw.PreFilterResult
+	PreFilterExtensions = fw.PreFilterExtensions
+	ScoreExtensions     = fw.ScoreExtensions
+	NodeScoreList       = fw.NodeScoreList
+	NodeScore           = fw.NodeScore
+)
+
+// MaxNodeScore is the highest score a Score plugin gives.
+const MaxNodeScore = fw.MaxNodeScore

@@ -1,0 +1,176 @@
+// Package gpuscheduler is the GPUScheduler framework plugin: the extender's gpu and
+// heartbeat rules inside kube-scheduler, counted from NodeInfo alone (the node, its
+// labels and the agent's annotation, and the pods kube-scheduler puts there: bound,
+// assumed, nominated, or a preemption what-if's), so kube-scheduler's own assume
+// step, nominations and DefaultPreemption work unchanged.
+package gpuscheduler
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/klog/v2"
+
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/apis/config"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/score"
+)
+
+// Name is the plugin's name in a scheduler profile.
+const Name = "GPUScheduler"
+
+const stateKey fwk.StateKey = Name
+
+// GPUScheduler filters and scores nodes for GPU pods.
+type GPUScheduler struct {
+	args       config.GPUSchedulerArgs
+	nodes      *facts.Cache
+	heartbeats *Heartbeats
+	now        func() time.Time
+}
+
+var (
+	_ fwk.PreFilterPlugin   = &GPUScheduler{}
+	_ fwk.FilterPlugin      = &GPUScheduler{}
+	_ fwk.PreScorePlugin    = &GPUScheduler{}
+	_ fwk.ScorePlugin       = &GPUScheduler{}
+	_ fwk.EnqueueExtensions = &GPUScheduler{}
+)
+
+// New builds the plugin; its Lease informer starts with it (stopped with ctx).
+func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
+	args, err := config.DecodeGPUScheduler(obj)
+	if err != nil {
+		return nil, err
+	}
+	p := NewWith(args, NewHeartbeats(), time.Now)
+	if args.HeartbeatWindow.Duration > 0 && handle != nil && handle.ClientSet() != nil {
+		p.heartbeats.WatchLeases(handle.ClientSet(), args.Namespace, ctx.Done())
+	}
+	return p, nil
+}
+
+// NewWith builds the plugin over given heartbeats and clock (tests, the conformance suite).
+func NewWith(args config.GPUSchedulerArgs, heartbeats *Heartbeats, now func() time.Time) *GPUScheduler {
+	return &GPUScheduler{args: args, nodes: facts.NewCache(nil), heartbeats: heartbeats, now: now}
+}
+
+// Name is the plugin's name.
+func (p *GPUScheduler) Name() string { return Name }
+
+// state is what PreFilter reads of the pod, once per cycle.
+type state struct {
+	pod *facts.Pod
+	// oldest: renewals before it are silent; zero: heartbeats do not filter now.
+	oldest time.Time
+	now    time.Time
+}
+
+func (s *state) Clone() fwk.StateData { return s }
+
+// PreFilter reads the pod; a pod without GPUs skips the rules.
+func (p *GPUScheduler) PreFilter(ctx context.Context, cs fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	s := &state{pod: facts.ReadPod(pod, p.args.DefaultPlacement), now: p.now()}
+	if s.pod.Error != "" {
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable,
+			"pod cannot be placed as asked: "+s.pod.Error)
+	}
+	if len(s.pod.Shares) > 0 {
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf(
+			"%s asks a share of a GPU (%s): shares are placed by the extender path only",
+			Name, contract.ResourceGpuMemory))
+	}
+	cs.Write(stateKey, s)
+	if !s.pod.WantsGpus() {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	if window := p.args.HeartbeatWindow.Duration; window > 0 {
+		oldest := s.now.Add(-window)
+		if why := p.heartbeats.Guard(oldest); why == "" {
+			s.oldest = oldest
+		} else {
+			klog.FromContext(ctx).V(2).Info("heartbeat guard: not filtering on heartbeats", "why", why)
+		}
+	}
+	return nil, nil
+}
+
+// PreFilterExtensions: the rule reads NodeInfo's pods, which the framework already
+// adds and removes for nominated pods and preemption's what-ifs.
+func (p *GPUScheduler) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
+
+// Filter applies the gpu rule, then the heartbeat rule; as in the extender, the first
+// refusal stands unless a later one is unresolvable.
+func (p *GPUScheduler) Filter(_ context.Context, cs fwk.CycleState, _ *v1.Pod, info fwk.NodeInfo) *fwk.Status {
+	s, err := read(cs)
+	if err != nil {
+		return fwk.AsStatus(err)
+	}
+	node := info.Node()
+	if node == nil {
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "node not found")
+	}
+	fit := p.fit(info)
+	if code := Refuse(s.pod, fit); code != 0 && Unresolvable(code) {
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, Words(s.pod, fit, code))
+	} else if !s.oldest.IsZero() && p.heartbeats.Silent(node.Name, s.oldest) {
+		renewed, _ := p.heartbeats.Of(node.Name)
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable,
+			SilentWords(renewed, s.now, p.args.HeartbeatWindow.Duration))
+	} else if code != 0 {
+		return fwk.NewStatus(fwk.Unschedulable, Words(s.pod, fit, code))
+	}
+	return nil
+}
+
+// fit reads a node as the rule needs it.
+func (p *GPUScheduler) fit(info fwk.NodeInfo) Fit {
+	node := info.Node()
+	_, managed := p.heartbeats.Of(node.Name)
+	used := info.GetRequested().GetScalarResources()[v1.ResourceName(contract.ResourceGpu)]
+	return Fit{Node: p.nodes.Of(node), Managed: managed, Used: used}
+}
+
+func read(cs fwk.CycleState) (*state, error) {
+	data, err := cs.Read(stateKey)
+	if err != nil {
+		return nil, fmt.Errorf("%s: reading the cycle's state: %w", Name, err)
+	}
+	s, ok := data.(*state)
+	if !ok {
+		return nil, fmt.Errorf("%s: the cycle's state is %T", Name, data)
+	}
+	return s, nil
+}
+
+// PreScore: every pod that passed PreFilter is scored (a CPU pod prefers nodes
+// without GPUs).
+func (p *GPUScheduler) PreScore(_ context.Context, cs fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
+	if _, err := cs.Read(stateKey); err != nil {
+		cs.Write(stateKey, &state{pod: facts.ReadPod(pod, p.args.DefaultPlacement), now: p.now()})
+	}
+	return nil
+}
+
+// Score is the gpu rule's raw score (NormalizeScore stretches it over the nodes).
+func (p *GPUScheduler) Score(_ context.Context, cs fwk.CycleState, _ *v1.Pod, info fwk.NodeInfo) (int64, *fwk.Status) {
+	s, err := read(cs)
+	if err != nil {
+		return 0, fwk.AsStatus(err)
+	}
+	return Raw(s.pod, p.fit(info)), nil
+}
+
+// ScoreExtensions normalises.
+func (p *GPUScheduler) ScoreExtensions() fwk.ScoreExtensions { return p }
+
+// NormalizeScore stretches the raw scores min-max onto 0..MaxNodeScore.
+func (p *GPUScheduler) NormalizeScore(_ context.Context, _ fwk.CycleState, _ *v1.Pod, scores fwk.NodeScoreList) *fwk.Status {
+	score.NormaliseList(scores)
+	return nil
+}

@@ -1,0 +1,119 @@
+package gpuscheduler
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
+)
+
+// Heartbeats are the agents' Lease renewals by node (extender/policies/heartbeat.py).
+// A node with no Lease is not agent-managed and is trusted as it is; a Lease not
+// renewed yet holds nothing against its node.
+type Heartbeats struct {
+	mu      sync.RWMutex
+	renewed map[string]time.Time // zero: a Lease with no renewTime yet
+	synced  func() bool
+}
+
+// NewHeartbeats is an empty set (tests fill it with Set).
+func NewHeartbeats() *Heartbeats {
+	return &Heartbeats{renewed: map[string]time.Time{}, synced: func() bool { return true }}
+}
+
+// WatchLeases keeps the set from a Lease informer of its own: one namespace, one label
+// selector. A Lease named in EventsToRegister would make kube-scheduler watch every
+// node's kube-node-lease renewals, cluster-wide.
+func (h *Heartbeats) WatchLeases(client kubernetes.Interface, namespace string, stop <-chan struct{}) {
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = contract.LeaseSelector }))
+	informer := factory.Coordination().V1().Leases().Informer()
+	_, _ = informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { h.put(obj) },
+		UpdateFunc: func(_, obj any) { h.put(obj) },
+		DeleteFunc: func(obj any) {
+			if gone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = gone.Obj
+			}
+			if lease, ok := obj.(*coordinationv1.Lease); ok {
+				h.mu.Lock()
+				delete(h.renewed, lease.Name)
+				h.mu.Unlock()
+			}
+		},
+	})
+	h.synced = informer.HasSynced
+	factory.Start(stop)
+}
+
+func (h *Heartbeats) put(obj any) {
+	lease, ok := obj.(*coordinationv1.Lease)
+	if !ok || lease.Labels[contract.LeaseLabel] != contract.LeaseLabelValue {
+		return
+	}
+	var renewed time.Time
+	if lease.Spec.RenewTime != nil {
+		renewed = lease.Spec.RenewTime.Time
+	}
+	h.Set(lease.Name, renewed)
+}
+
+// Set records a node's last renewal (zero: a Lease not renewed yet).
+func (h *Heartbeats) Set(node string, renewed time.Time) {
+	h.mu.Lock()
+	h.renewed[node] = renewed
+	h.mu.Unlock()
+}
+
+// Of is the node's last renewal and whether it has a Lease (is agent-managed).
+func (h *Heartbeats) Of(node string) (time.Time, bool) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	renewed, ok := h.renewed[node]
+	return renewed, ok
+}
+
+// Guard says why heartbeats must not filter now ("" when they may): the Leases are
+// not listed yet, or more than half the agents look silent at once (and at least
+// contract.HeartbeatGuardMinSilent): agents do not fail together, a partition does.
+func (h *Heartbeats) Guard(oldest time.Time) string {
+	if !h.synced() {
+		return "stale-view"
+	}
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	silent, agents := 0, 0 // a Lease not renewed yet counts as neither
+	for _, renewed := range h.renewed {
+		if !renewed.IsZero() {
+			agents++
+			if renewed.Before(oldest) {
+				silent++
+			}
+		}
+	}
+	if silent >= contract.HeartbeatGuardMinSilent && float64(silent) > 0.5*float64(agents) {
+		return "many-silent"
+	}
+	return ""
+}
+
+// Silent: the node's agent holds a Lease last renewed before oldest.
+func (h *Heartbeats) Silent(node string, oldest time.Time) bool {
+	renewed, ok := h.Of(node)
+	return ok && !renewed.IsZero() && renewed.Before(oldest)
+}
+
+// SilentWords: the refusal in the extender's words.
+func SilentWords(renewed, now time.Time, window time.Duration) string {
+	age := int64(now.Sub(renewed).Seconds())
+	return fmt.Sprintf("gpu-scheduler agent on this node is silent: its heartbeat Lease %s was "+
+		"last renewed %ds ago (window %ds)", contract.LeaseSelector, age, int64(window.Seconds()))
+}

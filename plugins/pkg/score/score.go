@@ -1,0 +1,36 @@
+// Package score holds what the plugins' scores share: the extender's normalisation.
+package score
+
+import "github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
+
+// Normalise stretches raw scores min-max onto 0..top, as the extender does onto 0..10
+// (all alike: every node gets top).
+func Normalise(raw []int64, top int64) []int64 {
+	out := make([]int64, len(raw))
+	if len(raw) == 0 {
+		return out
+	}
+	low, high := raw[0], raw[0]
+	for _, r := range raw {
+		low, high = min(low, r), max(high, r)
+	}
+	for i, r := range raw {
+		if high == low {
+			out[i] = top
+		} else {
+			out[i] = (r - low) * top / (high - low)
+		}
+	}
+	return out
+}
+
+// NormaliseList is Normalise over a NormalizeScore list, onto 0..MaxNodeScore.
+func NormaliseList(scores fwk.NodeScoreList) {
+	raw := make([]int64, len(scores))
+	for i := range scores {
+		raw[i] = scores[i].Score
+	}
+	for i, s := range Normalise(raw, fwk.MaxNodeScore) {
+		scores[i].Score = s
+	}
+}

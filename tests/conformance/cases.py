@@ -1,0 +1,257 @@
+"""Conformance cases for the Go framework plugins, decided by the Python extender.
+
+Each case is a small cluster (Nodes, the pods bound there, the agents' heartbeat
+Leases) and a pod to place. The extender's own cache and engine decide it: per node,
+whether the pod fits, whether a refusal is unresolvable and its words; over the nodes
+that fit, each scoring policy's 0..10 score. The Go suite
+(plugins/test/conformance) builds NodeInfo from the same objects, runs the plugins as
+kube-scheduler would, and must give the same answers.
+
+    .venv/bin/python -m tests.conformance.cases --out /tmp/cases.json [--clusters 60]
+
+The clusters are random but seeded: the same arguments give the same file. No node
+shares its GPUs (shares are decided by the extender path only) and no node is a DRA
+driver's: those rules are not in the plugins yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+from extender.config import ExtenderConfig
+from extender.engine import filter_nodes, weighted_means
+from extender.model import pod_facts
+from extender.policies import build_policies
+from gpu_scheduler import contract
+from tests.fakeapi import synced_cache
+
+NOW = 1_800_000_000.0
+#: The policies the plugins hold: filters (gpu, spot, heartbeat) and scores (gpu,
+#: spot, group). scarcity and fragmentation are the extender's only, for now.
+SCORED = ("gpu", "spot", "group")
+NAMESPACE = "gpu-scheduler"
+
+PRODUCTS = (
+    "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB", "Tesla-T4", "NVIDIA-L40S",
+    "NVIDIA-A100-SXM4-40GB-SHARED", "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb",
+)  # fmt: skip
+MEMORY = {"NVIDIA-H100-80GB-HBM3": 81559, "NVIDIA-A100-SXM4-40GB": 40960, "Tesla-T4": 15360,
+          "NVIDIA-L40S": 46068}  # fmt: skip
+ZONES = ("zone-a", "zone-b", "zone-c")
+#: Values a pod's annotations take: good ones, and ones the extender refuses to read.
+MIN_MEMORY = ("40Gi", "81920", "80G", "16000Mi", "20000", " 24Gi ", "lots", "-5Gi", "1e999999")
+SPOT = ("prefer", "avoid", "require", "forbid", "sometimes")
+PLACEMENT = ("binpack", "spread", "tight")
+
+
+def _iso(seconds: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _health(rng: random.Random, count: int, mig: bool) -> str:
+    gpus = []
+    for i in range(count):
+        gpu: dict[str, Any] = {"index": i, "uuid": f"GPU-{rng.randrange(16**8):08x}"}
+        if mig:
+            gpu["migEnabled"] = True
+            gpu["migDevices"] = [{"uuid": f"MIG-{i}-{k}"} for k in range(rng.choice((2, 3, 7)))]
+        if rng.random() < 0.25:
+            gpu["healthy"] = False
+            if rng.random() < 0.7:
+                gpu["xid"] = rng.choice((48, 79, 94))
+            gpu["reason"] = rng.choice(("", "XID 79: fell off the bus", "ECC errors", "lost"))
+            if rng.random() < 0.5:
+                gpu["since"] = "2026-12-01T10:00:00Z"
+        else:
+            gpu["healthy"] = True
+        gpus.append(gpu)
+    return json.dumps(gpus, separators=(",", ":"))
+
+
+def node(rng: random.Random, name: str) -> dict[str, Any]:
+    labels: dict[str, str] = {"kubernetes.io/hostname": name}
+    annotations: dict[str, str] = {}
+    gpus = rng.choice((0, 0, 1, 2, 4, 8, 8))
+    labelled = gpus > 0 or rng.random() < 0.15
+    if labelled:
+        labels[contract.LABEL_GPU_PRESENT] = "true"
+        product = rng.choice((*PRODUCTS, None))
+        if product:
+            labels[contract.LABEL_GPU_PRODUCT] = product
+        memory = MEMORY.get(contract.base_product(product or ""), 40960)
+        key = rng.choice(
+            (contract.LABEL_GPU_MEMORY,) * 4 + (contract.LABEL_GPU_MEMORY_LEGACY, None)
+        )
+        if key:
+            labels[key] = str(memory) if rng.random() < 0.9 else "lots"
+        if rng.random() < 0.15:
+            labels[contract.LABEL_GPU_REPLICAS] = rng.choice(("2", "4", "x"))
+        if rng.random() < 0.5 and gpus:
+            count = max(
+                1, gpus // int(labels.get(contract.LABEL_GPU_REPLICAS, "1").strip("x") or 1)
+            )
+            mig = bool(product and contract.MIG_PART in product)
+            annotations[contract.ANN_GPUS] = _health(rng, count, mig)
+    if rng.random() < 0.5:
+        key, spot = rng.choice(contract.SPOT_LABELS)
+        labels[key] = spot if rng.random() < 0.5 else "on-demand"
+    if rng.random() < 0.8:
+        labels[contract.LABEL_ZONE] = rng.choice(ZONES)
+    for level in contract.TOPOLOGY_LEVELS[:6]:
+        if rng.random() < 0.2:
+            labels[level] = f"{level.rsplit('/', 1)[-1]}-{rng.randrange(3)}"
+    allocatable = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+    if gpus and rng.random() < 0.95:
+        allocatable[contract.RESOURCE_GPU] = str(gpus)
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1",
+                     "labels": labels, "annotations": annotations},
+        "spec": {},
+        "status": {"allocatable": allocatable, "capacity": dict(allocatable)},
+    }  # fmt: skip
+
+
+def pod(rng: random.Random, name: str, *, on: str | None = None, group: str | None = None):
+    gpus = rng.choice((0, 1, 1, 2, 4, 8)) if on is None else rng.choice((0, 1, 1, 2, 4))
+    annotations: dict[str, str] = {}
+    if on is None:
+        if rng.random() < 0.25:
+            annotations[contract.ANN_MIN_GPU_MEMORY] = rng.choice(MIN_MEMORY[:6] * 3 + MIN_MEMORY)
+        if rng.random() < 0.25:
+            picked = rng.sample(PRODUCTS, rng.randrange(1, 3))
+            annotations[contract.ANN_GPU_PRODUCTS] = (
+                ",".join(picked) if rng.random() < 0.95 else " , "
+            )
+        if rng.random() < 0.4:
+            annotations[contract.ANN_SPOT] = rng.choice(SPOT[:4] * 4 + SPOT[4:])
+        if rng.random() < 0.3:
+            annotations[contract.ANN_PLACEMENT] = rng.choice(PLACEMENT[:2] * 4 + PLACEMENT[2:])
+    if group:
+        annotations[contract.ANN_GROUP] = group
+    resources: dict[str, Any] = {"requests": {"cpu": "1", "memory": "1Gi"}}
+    if gpus:
+        resources["requests"][contract.RESOURCE_GPU] = str(gpus)
+        resources["limits"] = {contract.RESOURCE_GPU: str(gpus)}
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "x", "resources": resources}]}
+    if rng.random() < 0.15:
+        init_gpus = rng.choice((1, 2, 8))
+        spec["initContainers"] = [{"name": "init", "image": "x", "resources": {
+            "requests": {contract.RESOURCE_GPU: str(init_gpus)},
+            "limits": {contract.RESOURCE_GPU: str(init_gpus)}}}]  # fmt: skip
+    spec["schedulerName"] = contract.SCHEDULER_NAME
+    status: dict[str, Any] = {"phase": "Pending"}
+    if on is not None:
+        spec["nodeName"] = on
+        status = {"phase": "Running"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}",
+                     "resourceVersion": "1", "annotations": annotations},
+        "spec": spec,
+        "status": status,
+    }  # fmt: skip
+
+
+def lease(name: str, renewed: float | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"holderIdentity": name, "leaseDurationSeconds": 900}
+    if renewed is not None:
+        spec["renewTime"] = _iso(renewed)
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": NAMESPACE,
+                     "labels": {contract.LEASE_LABEL: contract.LEASE_LABEL_VALUE}},
+        "spec": spec,
+    }  # fmt: skip
+
+
+def cluster(rng: random.Random, index: int) -> dict[str, Any]:
+    names = [f"n{index}-{k}" for k in range(rng.randrange(3, 11))]
+    nodes = [node(rng, name) for name in names]
+    groups = [f"job-{index}-{k}" for k in range(2)]
+    bound = []
+    for k in range(rng.randrange(0, 14)):
+        group = rng.choice([*groups, None, None])
+        bound.append(pod(rng, f"b{index}-{k}", on=rng.choice(names), group=group))
+    leases = {}
+    for name in names:
+        if rng.random() < 0.5:
+            age = rng.choice((None, 10.0, 60.0, 899.0, 901.0, 3600.0))
+            leases[name] = None if age is None else NOW - age
+    placement = rng.choice(("binpack", "spread"))
+    return {"nodes": nodes, "pods": bound, "leases": leases, "groups": groups,
+            "config": {"defaultPlacement": placement, "heartbeatWindowSeconds": 900.0}}  # fmt: skip
+
+
+def decide(world: dict[str, Any], pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The extender's answers for each pod placed into ``world``: its own cache (listed
+    from the explicit fake API) and engine, at a clock that does not move."""
+    cfg = ExtenderConfig(default_placement=world["config"]["defaultPlacement"])
+    policies = build_policies(cfg)
+    cache = synced_cache(world["nodes"], world["pods"], clock=lambda: NOW)
+    try:
+        cache.replace_leases([lease(n, r) for n, r in world["leases"].items()])
+        view = cache.view()
+        names = [n["metadata"]["name"] for n in world["nodes"]]
+        out = []
+        for target in pods:
+            facts = pod_facts(target, cfg.default_placement)
+            verdict = filter_nodes(facts, names, view.candidates(names), view, policies)
+            want = {n: {"fit": True} for n in verdict.passed}
+            for table, unresolvable in ((verdict.failed, False), (verdict.unresolvable, True)):
+                for n, reason in table.items():
+                    want[n] = {"fit": False, "unresolvable": unresolvable, "reason": reason}
+            parts: dict[str, Any] = {}
+            passed = verdict.passed
+            if passed:
+                weighted_means(facts, view.candidates(passed), view, policies, cfg, parts)
+            scores = {
+                name: dict(zip(passed, (float(x) for x in parts[name][: len(passed)]), strict=True))
+                for name in SCORED
+                if name in parts
+            }
+            out.append({"pod": target, "want": want, "scores": scores})
+        return out
+    finally:
+        cache.stop()
+
+
+def generate(clusters: int = 60, pods_per_cluster: int = 40, seed: int = 1) -> dict[str, Any]:
+    """``clusters`` worlds with ``pods_per_cluster`` pods to place in each."""
+    rng = random.Random(seed)
+    worlds, cases = [], []
+    for index in range(clusters):
+        world = cluster(rng, index)
+        targets = [
+            pod(rng, f"p{index}-{k}", group=rng.choice(world["groups"] + [None, None]))
+            for k in range(pods_per_cluster)
+        ]
+        for k, answer in enumerate(decide(world, targets)):
+            cases.append({"name": f"cluster{index}/pod{k}", "world": index, **answer})
+        worlds.append(world)
+    return {"now": NOW, "namespace": NAMESPACE, "worlds": worlds, "cases": cases}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--clusters", type=int, default=60)
+    parser.add_argument("--pods", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    args.out.write_text(json.dumps(generate(args.clusters, args.pods, args.seed)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

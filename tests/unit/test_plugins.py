@@ -1,0 +1,81 @@
+"""The Go framework plugins (plugins/) against the Python extender, the reference.
+
+The contract the Go side reads is generated from the Python one and must be current.
+For the newest and the oldest supported minor (the two `make test` builds), the Go
+tests pass, the conformance suite among them: cases the extender's own cache and
+engine decide (tests/conformance/cases.py), replayed through the plugins as
+kube-scheduler runs them, with the same verdict, resolvability, words and scores.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conformance import cases
+from tests.helpers import required
+
+ROOT = Path(__file__).resolve().parents[2]
+_SPEC = importlib.util.spec_from_file_location("gen_contract", ROOT / "tools" / "gen_contract.py")
+assert _SPEC is not None and _SPEC.loader is not None
+gen_contract = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(gen_contract)
+BUILD = ROOT / "tools" / "k8s" / "build.sh"
+PACKAGES = "github.com/gpu-scheduler/gpu-scheduler/plugins/..."
+
+
+def _minors() -> list[str]:
+    out = subprocess.run([str(BUILD), "--minors"], capture_output=True, text=True, check=True)
+    minors = out.stdout.split()
+    return [minors[-1], minors[0]]
+
+
+def test_the_go_contract_is_generated_from_the_python_one():
+    assert gen_contract.OUT.read_text() == gen_contract.render(), (
+        "plugins/pkg/contract is stale: run .venv/bin/python tools/gen_contract.py"
+    )
+
+
+def test_a_renamed_key_shows_in_the_go_contract(monkeypatch):
+    """The check is not vacuous: a key renamed on the Python side changes the Go text."""
+    monkeypatch.setattr(gen_contract.contract, "ANN_GPUS", "gpu-scheduler.io/gpus-renamed")
+    assert gen_contract.render() != gen_contract.OUT.read_text()
+
+
+@pytest.fixture(scope="module")
+def case_file(tmp_path_factory) -> tuple[Path, int]:
+    path = tmp_path_factory.mktemp("conformance") / "cases.json"
+    generated = cases.generate()
+    path.write_text(json.dumps(generated))
+    return path, len(generated["cases"])
+
+
+@pytest.mark.parametrize("minor", _minors())
+def test_the_plugins_decide_as_the_extender(minor, case_file, tmp_path):
+    if shutil.which("go") is None:
+        required("the Go plugins' tests", "install Go (https://go.dev/dl/) to run them")
+    module = ROOT / "tools" / "k8s"
+    if (module / f"v{minor}" / "go.mod").exists():
+        module = module / f"v{minor}"
+    tags = subprocess.run([str(BUILD), "--tags", minor], capture_output=True, text=True).stdout
+    path, count = case_file
+    report = tmp_path / "report.json"
+    env = {
+        **os.environ,
+        "GPU_SCHEDULER_CONFORMANCE": str(path),
+        "GPU_SCHEDULER_CONFORMANCE_REPORT": str(report),
+    }
+    done = subprocess.run(
+        ["go", "test", "-count=1", "-tags", tags.strip(), PACKAGES],
+        cwd=module, env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    checked = json.loads(report.read_text())
+    assert checked["cases"] == count and checked["disagree"] == 0, checked
+    assert checked["verdicts"] > 10 * count // 2 and checked["scores"] > count // 2, checked
