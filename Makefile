@@ -23,7 +23,7 @@ LINTERS := $(shell $(K8S_BUILD) --path linters)
 HAVE_IMAGE_TOOLS := $(shell command -v buildah >/dev/null && command -v debootstrap >/dev/null \
   && command -v gcc >/dev/null && [ "$$(id -u)" = 0 ] && echo yes)
 
-.PHONY: test lint linters docs unit install controlplane controlplanes kueue e2e image demo bench bench-scale clean
+.PHONY: test lint linters docs unit install controlplane controlplanes plugins kueue e2e image demo bench bench-scale clean
 
 install: $(STAMP)
 
@@ -41,6 +41,15 @@ controlplane:
 controlplane-%:
 	$(K8S_BUILD) $*
 
+# kube-scheduler with gpu-scheduler's framework plugins (plugins/cmd/kube-scheduler),
+# built from one minor's module into .cache/k8s/<version>-plugins-<hash>/; the e2e
+# tests of the plugins path run it on the newest and the oldest minor.
+plugins:
+	$(K8S_BUILD) plugins $(K8S_MINOR)
+
+plugins-%:
+	$(K8S_BUILD) plugins $*
+
 # Kueue (sigs.k8s.io/kueue/cmd/kueue and its config/), for the gang and topology e2e
 # tests: tools/k8s/kueue is its own Go module; built into .cache/k8s/kueue-<version>-<hash>/.
 kueue:
@@ -52,7 +61,8 @@ controlplanes: $(addprefix controlplane-,$(K8S_MINORS))
 # The whole e2e suite on one minor: make e2e K8S_MINOR=1.34 (helm from the newest; the
 # oldest for the version tests, which run against every minor under test).
 e2e: $(STAMP) controlplane-$(K8S_MINOR) controlplane-$(lastword $(K8S_MINORS)) \
-    controlplane-$(K8S_OLDEST) kueue $(if $(HAVE_IMAGE_TOOLS),image)
+    controlplane-$(K8S_OLDEST) plugins-$(K8S_MINOR) plugins-$(lastword $(K8S_MINORS)) \
+    plugins-$(K8S_OLDEST) kueue $(if $(HAVE_IMAGE_TOOLS),image)
 	GPU_SCHEDULER_K8S_BIN=$$($(K8S_BUILD) --path $(K8S_MINOR)) $(BIN)/pytest tests/e2e
 
 # The project image from the Dockerfile (buildah, no daemon) on a Debian base made with
@@ -88,10 +98,12 @@ unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
 # The README's test command: lint (first: `make lint`), unit, HTTP and property tests,
+# the Go plugins' tests and their conformance to the extender (tests/unit/test_plugins.py),
 # and the end-to-end tests on the real control plane (built first where Go is installed;
 # in CI it must be), one of them on a real node running the image (built first where
 # buildah is installed).
-test: lint $(STAMP) $(if $(HAVE_GO),controlplane controlplane-$(K8S_OLDEST) kueue) $(if $(HAVE_IMAGE_TOOLS),image)
+test: lint $(STAMP) $(if $(HAVE_GO),controlplane controlplane-$(K8S_OLDEST) plugins \
+    plugins-$(K8S_OLDEST) kueue) $(if $(HAVE_IMAGE_TOOLS),image)
 	$(BIN)/pytest
 
 demo: $(STAMP) controlplane $(if $(HAVE_IMAGE_TOOLS),image)

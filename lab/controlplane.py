@@ -17,7 +17,7 @@ import os
 import signal
 import subprocess
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -286,8 +286,16 @@ class LocalCluster:
 
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
-    def start_scheduler(self, name: str, config: Mapping[str, Any]) -> Process:
-        """A kube-scheduler with this KubeSchedulerConfiguration (v1), leader election off."""
+    def start_scheduler(
+        self,
+        name: str,
+        config: Mapping[str, Any],
+        binary: Path | None = None,
+        args: Sequence[str] = (),
+    ) -> Process:
+        """A kube-scheduler with this KubeSchedulerConfiguration (v1), leader election off;
+        ``binary``: another kube-scheduler of this minor (:func:`plugins_scheduler`);
+        ``args``: more flags."""
         cfg = accepted_by(config, self.minor)
         # The lab's kubeconfig; a qps/burst the config sets (benchmarks) is kept.
         connection = {**cfg.get("clientConnection", {}), "kubeconfig": str(self.kubeconfig)}
@@ -299,19 +307,32 @@ class LocalCluster:
         proc = self.spawn(
             name,
             [
-                str(self.binary),
-                "kube-scheduler",
+                *([str(self.binary), "kube-scheduler"] if binary is None else [str(binary)]),
                 f"--config={path}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 f"--authentication-kubeconfig={self.kubeconfig}",
                 f"--authorization-kubeconfig={self.kubeconfig}",
                 *self.gate_flags(),
+                *args,
                 "-v=2",
             ],
         )
         wait_url(f"https://127.0.0.1:{port}/healthz", 60, proc, insecure=True)
         return proc
+
+
+def plugins_scheduler(minor: int) -> Path:
+    """kube-scheduler of 1.``minor`` with gpu-scheduler's framework plugins, as
+    ``tools/k8s/build.sh plugins 1.<minor>`` builds it (``make test`` does)."""
+    build = ROOT / "tools" / "k8s" / "build.sh"
+    done = subprocess.run(
+        [str(build), "--path", "plugins", f"1.{minor}"], capture_output=True, text=True, check=True
+    )
+    path = Path(done.stdout.strip())
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: run tools/k8s/build.sh plugins 1.{minor}")
+    return path
 
 
 #: The first minor whose KubeSchedulerConfiguration has ``plugins.podGroupPostFilter``.

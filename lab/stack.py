@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from gpu_scheduler import contract
-from lab.controlplane import ROOT, LocalCluster, start_control_plane
+from lab.controlplane import ROOT, LocalCluster, plugins_scheduler, start_control_plane
 from lab.kubelet_shim import KubeletShim
 from lab.processes import ControlPlaneError, Process, free_port, wait_url
 
@@ -90,6 +90,27 @@ def scheduler_config(
     return cfg
 
 
+def plugins_config(profile: str | None = None) -> dict[str, Any]:
+    """deploy/'s KubeSchedulerConfiguration of the plugins path (optionally the profile
+    renamed)."""
+    cfg = yaml.safe_load((DEPLOY / "scheduler" / "plugins" / "scheduler-config.yaml").read_text())
+    if profile is not None:
+        for item in cfg["profiles"]:
+            item["schedulerName"] = profile
+    return cfg
+
+
+def plugins_scheduler_flags(minor: int) -> list[str]:
+    """The flags our kube-scheduler of the plugins path takes on this minor. On 1.34,
+    asynchronous preemption lets the preemptor back into the queue before its last
+    victim is deleted (upstream's prepareCandidateAsync; 1.37 holds it until then,
+    lastVictimsPendingPreemption; 1.35 and 1.36 are not run in the lab): the pod,
+    still short by that victim, preempts again and evicts one pod too many. The
+    extender path hides it (its preempt verb answers with the victims it already
+    agreed to); the plugins path turns it off there."""
+    return ["--feature-gates=SchedulerAsyncPreemption=false"] if minor <= 34 else []
+
+
 DEFAULT_SCHEDULER_CONFIG = {
     "apiVersion": "kubescheduler.config.k8s.io/v1",
     "kind": "KubeSchedulerConfiguration",
@@ -122,6 +143,9 @@ class Stack:
     cert_dir: Path = field(default_factory=Path)
     shim: KubeletShim | None = None
     api: Any = None
+    #: Which path serves the gpu-scheduler profile: ``extender`` (kube-scheduler and our
+    #: extender) or ``plugins`` (our kube-scheduler with the framework plugins).
+    scheduling: str = "extender"
 
     # --- certificates: one CA, as the install's certs tool makes them ----------------
     @property
@@ -275,6 +299,11 @@ class Stack:
 
     def start_schedulers(self) -> None:
         self.cluster.start_scheduler("default-scheduler", DEFAULT_SCHEDULER_CONFIG)
+        if self.scheduling == "plugins":
+            binary = plugins_scheduler(self.cluster.minor)
+            args = plugins_scheduler_flags(self.cluster.minor)
+            self.cluster.start_scheduler("gpu-scheduler", plugins_config(), binary, args)
+            return
         client = self.pki / "scheduler" if self.extender_tls else None
         self.cluster.start_scheduler(
             "gpu-scheduler", scheduler_config(self.extender_url, client_dir=client)
@@ -381,17 +410,19 @@ def start_stack(
     binary: Path | None = None,
     apiserver_args: tuple[str, ...] = (),
     gates: tuple[str, ...] | None = None,
+    scheduling: str = "extender",
 ) -> Stack:
     """Control plane, kubelet shim, extender, webhook (registered) and both schedulers,
     with TLS where the install has it: the webhook's serving certificate, and the
     extender's, whose verbs need kube-scheduler's client certificate. ``binary``: the
     control plane of another minor (:func:`lab.controlplane.find_binary`);
-    ``apiserver_args`` and ``gates``: as :func:`lab.controlplane.start_control_plane`."""
+    ``apiserver_args`` and ``gates``: as :func:`lab.controlplane.start_control_plane`;
+    ``scheduling``: :attr:`Stack.scheduling`."""
     started = time.monotonic()
     cluster = start_control_plane(
         workdir, binary, real_node=real_node, apiserver_args=apiserver_args, gates=gates
     )
-    stack = Stack(cluster, workdir)
+    stack = Stack(cluster, workdir, scheduling=scheduling)
     try:
         stack.api = cluster.api_client()
         stack.shim = KubeletShim(stack.api).start()

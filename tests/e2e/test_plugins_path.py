@@ -1,0 +1,100 @@
+"""The plugins path on the real control plane: our kube-scheduler (the official one
+with GPUScheduler, SpotScheduler and AZScheduler compiled in, tools/k8s/build.sh
+plugins) serves the gpu-scheduler profile from deploy/scheduler/plugins/, with no
+extender in the profile. The extender path's own scenarios run here unchanged:
+
+- placement: GPU memory, spot preference, a placement group's zone, a silent agent,
+  an annotation the rules cannot read (the extender's words);
+- preemption with DefaultPreemption alone: just enough victims, a sick GPU the device
+  plugin still advertises (kube-scheduler counts it now: the plugin's Filter runs in
+  its what-if), a disruption budget that steers the preemptor, a budget-protected
+  pod kept on a sick-GPU node, ``preemptionPolicy: Never``;
+
+on the newest minor and on the oldest (its plugins built with pkg/fwk's 1.34 tag).
+Not here: shares of a GPU and DRA GPUs (the plugins refuse shares with words that say
+to use the extender path) and gangs kept whole by preemption (the extender's preempt
+verb does that; DefaultPreemption does not).
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from lab.controlplane import plugins_scheduler, supported_minors
+from lab.stack import start_stack
+from tests.e2e import test_placement as placement
+from tests.e2e import test_preemption as preemption
+from tests.e2e import test_preemption_state as preemption_state
+from tests.e2e.test_versions import oldest_binary
+from tests.helpers import required
+
+MINORS = ("newest", "oldest")
+
+
+@pytest.fixture(scope="module", params=MINORS)
+def plugins(request, tmp_path_factory, control_plane_binary):
+    binary = oldest_binary() if request.param == "oldest" else None
+    minor = supported_minors()[0 if request.param == "oldest" else -1]
+    try:
+        plugins_scheduler(int(minor.split(".")[1]))
+    except FileNotFoundError as exc:
+        required("the plugins path's e2e tests", f"{exc} (or `make test`, which builds it)")
+    stack = start_stack(
+        tmp_path_factory.mktemp(f"plugins-{request.param}"), binary=binary, scheduling="plugins"
+    )
+    yield stack
+    stack.stop()
+
+
+def test_the_profile_is_served_by_our_kube_scheduler(plugins):
+    """The gpu-scheduler profile names the plugins and no extender, and the binary
+    that decodes it is the plugins' build for the control plane's minor."""
+    config = yaml.safe_load((plugins.cluster.workdir / "gpu-scheduler.yaml").read_text())
+    assert "extenders" not in config
+    names = [p["name"] for p in config["profiles"][0]["plugins"]["multiPoint"]["enabled"]]
+    assert names == ["SpotScheduler", "GPUScheduler", "AZScheduler"]
+    assert plugins_scheduler(plugins.cluster.minor).exists()
+
+
+def test_min_gpu_memory_lands_only_on_80gib_gpus(plugins):
+    placement.test_min_gpu_memory_lands_only_on_80gib_gpus(plugins)
+
+
+def test_an_unreadable_constraint_is_refused_in_the_extenders_words(plugins):
+    placement.test_malformed_constraint_keeps_the_extenders_reason(plugins)
+
+
+@pytest.mark.parametrize(("preference", "expected"), [("avoid", "on-demand"), ("prefer", "spot")])
+def test_spot_preference_decides_between_otherwise_equal_nodes(plugins, preference, expected):
+    placement.test_spot_preference_decides_between_otherwise_equal_nodes(
+        plugins, preference, expected
+    )
+
+
+def test_group_is_drawn_to_the_zone_it_runs_in(plugins):
+    placement.test_group_is_drawn_to_the_zone_it_runs_in(plugins)
+
+
+def test_node_with_a_stale_agent_heartbeat_gets_no_gpu_pods(plugins):
+    placement.test_node_with_a_stale_agent_heartbeat_gets_no_gpu_pods(plugins)
+
+
+def test_an_inference_pod_preempts_just_enough_training_pods(plugins):
+    preemption.inference_preempts_training(plugins)
+
+
+def test_a_sick_gpu_gets_its_victim_from_default_preemption_alone(plugins, tmp_path):
+    preemption.sick_gpu_gets_enough_victims(plugins, tmp_path)
+
+
+def test_a_disruption_budget_sends_the_preemptor_to_the_unprotected_node(plugins):
+    preemption.budget_steers_the_preemptor(plugins)
+
+
+def test_a_budget_protected_pod_is_kept_on_a_sick_gpu_node(plugins, tmp_path):
+    preemption_state.budget_kept_on_a_sick_gpu(plugins, tmp_path)
+
+
+def test_preemption_policy_never_evicts_nothing(plugins):
+    preemption.never_preempts(plugins)
