@@ -19,6 +19,9 @@ round runs the variants in turn, their order turned by one from the round before
   - ours:       deploy/'s profile as shipped (filter, which picks where the pod asks
                 for no preferences: extender/choice.py; prioritize where it does);
   - ours-prio:  deploy/'s profile with only the prioritize verb;
+  - plugins:    the plugins path: our kube-scheduler (GPUScheduler, SpotScheduler,
+                AZScheduler compiled in; tools/k8s/build.sh plugins) with
+                deploy/scheduler/plugins/'s profile, no extender;
   - ours-base:  with ``--base-tree DIR`` (a checkout of another commit, e.g. ``git
     worktree add /tmp/base HEAD~3``), deploy/'s profile with the extender of that
     tree, started beside ours: before and after in one run, round by round;
@@ -55,9 +58,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from gpu_scheduler import contract  # noqa: E402
+from lab.controlplane import plugins_scheduler  # noqa: E402
 from lab.kubelet_shim import node_object  # noqa: E402
 from lab.processes import free_port  # noqa: E402
-from lab.stack import bare_stack, scheduler_config  # noqa: E402
+from lab.stack import (  # noqa: E402
+    bare_stack,
+    plugins_config,
+    plugins_scheduler_flags,
+    scheduler_config,
+)
 from tests.bench import proc_cpu  # noqa: E402
 from tests.bench.extender_bench import BARE_APP, BARE_ON_OUR_SERVER  # noqa: E402
 from tests.bench.trace_reports import call_records  # noqa: E402
@@ -65,7 +74,7 @@ from tests.bench.trace_runners import NAMESPACE, clear_pods  # noqa: E402
 from tests.helpers import running  # noqa: E402
 
 TAINT = {"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}
-VARIANTS = ("without", "bare", "bare-first", "ours", "ours-prio", "ours-base")
+VARIANTS = ("without", "bare", "bare-first", "ours", "ours-prio", "plugins", "ours-base")
 SIZES = [1, 1, 2, 4, 1, 2, 8, 1]
 
 
@@ -109,7 +118,10 @@ def variant_config(variant: str, ours: str, urls: dict[str, str], qps: int) -> d
     """deploy/'s KubeSchedulerConfiguration for one variant, its profile named
     ``bench-<variant>``, the client rate limit raised to ``qps`` (burst the same);
     ``urls``: the extender of a variant that is not served by ours (bare, ours-base)."""
-    cfg = scheduler_config(urls.get(variant, ours), profile=f"bench-{variant}")
+    if variant == "plugins":
+        cfg = plugins_config(profile=f"bench-{variant}")
+    else:
+        cfg = scheduler_config(urls.get(variant, ours), profile=f"bench-{variant}")
     if variant == "bare-first":
         for extender in cfg["extenders"]:
             extender["filterVerb"] = "filter-first"
@@ -139,13 +151,16 @@ def binding_times(log: str) -> list[float]:
 
 
 def measure(
-    cluster: Any, variant: str, config: dict[str, Any], pods: int
+    cluster: Any, variant: str, config: dict[str, Any], pods: int, plugins: bool = False
 ) -> tuple[float, dict[str, float]]:
     """Bindings per second, first to last, of ``pods`` pods made for ``variant``, from
     kube-scheduler's own log (its timestamps; no watch of ours to fall behind), and
     the CPU each component spent from about the first binding to the last
-    (tests/bench/proc_cpu.py; the log is read as it grows, every 50 ms)."""
-    proc = cluster.start_scheduler(f"scheduler-{variant}", config)
+    (tests/bench/proc_cpu.py; the log is read as it grows, every 50 ms). ``plugins``:
+    our kube-scheduler of the plugins path, not the control plane's."""
+    binary = plugins_scheduler(cluster.minor) if plugins else None
+    args = plugins_scheduler_flags(cluster.minor) if plugins else ()
+    proc = cluster.start_scheduler(f"scheduler-{variant}", config, binary, args)
     deadline = time.monotonic() + 900
     seen, offset, tail = 0, 0, b""
     first: tuple[int, proc_cpu.Snapshot] | None = None
@@ -349,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                 name = f"{variant}-{round_}"
                 before = prepared_counts(ops_port)
                 log_offset = log_path.stat().st_size
-                rate, spent = measure(cluster, name, config, opts.pods)
+                rate, spent = measure(cluster, name, config, opts.pods, variant == "plugins")
                 runs[variant].append(rate)
                 cpu[variant].append(spent)
                 after = prepared_counts(ops_port)

@@ -31,6 +31,8 @@ def component(argv: list[str]) -> str | None:
     """The component a command line belongs to, or None for anything else."""
     if len(argv) >= 2 and argv[1] in K8S_COMPONENTS:
         return argv[1]
+    if argv and argv[0].rsplit("/", 1)[-1] == "kube-scheduler":  # the plugins path's own
+        return "kube-scheduler"
     if "gpu_scheduler.cli" in argv and "extender" in argv:
         return BASE if BASE_MARK in argv else OURS
     if any(arg.endswith("bare.py") for arg in argv):

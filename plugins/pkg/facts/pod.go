@@ -196,3 +196,20 @@ func pyRepr(s string) string {
 	}
 	return b.String()
 }
+
+// SignKey names the batching signature fragment the plugins share (KEP-5598): pods
+// with equal fragments are decided alike by all three.
+const SignKey = "v1.Pod.Metadata.Annotations.GPUScheduler()"
+
+// Signature is what the plugins read of a pod beyond its requests (which
+// NodeResourcesFit signs): the knobs in its annotations, and its namespace where it
+// names a placement group. JSON-marshallable, lists sorted.
+func Signature(pod *v1.Pod) any {
+	read := ReadPod(pod, "")
+	namespace := ""
+	if read.Group != "" {
+		namespace = read.Namespace
+	}
+	return []any{read.Gpus, read.Shares, read.MinMemory, SortedProducts(read.Products),
+		read.Placement, read.Spot, read.Group, namespace, read.Error}
+}

@@ -18,6 +18,9 @@ type (
 	ScoreExtensions     = fw.ScoreExtensions
 	NodeScoreList       = fw.NodeScoreList
 	NodeScore           = fw.NodeScore
+	// SignPlugin and SignFragment: batching of alike pods (1.35+).
+	SignPlugin   = fw.SignPlugin
+	SignFragment = fw.SignFragment
 )
 
 // MaxNodeScore is the highest score a Score plugin gives.
