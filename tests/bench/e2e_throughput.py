@@ -151,16 +151,15 @@ def binding_times(log: str) -> list[float]:
 
 
 def measure(
-    cluster: Any, variant: str, config: dict[str, Any], pods: int, plugins: bool = False
+    cluster: Any, variant: str, config: dict[str, Any], pods: int, plugins: Path | None = None
 ) -> tuple[float, dict[str, float]]:
     """Bindings per second, first to last, of ``pods`` pods made for ``variant``, from
     kube-scheduler's own log (its timestamps; no watch of ours to fall behind), and
     the CPU each component spent from about the first binding to the last
     (tests/bench/proc_cpu.py; the log is read as it grows, every 50 ms). ``plugins``:
-    our kube-scheduler of the plugins path, not the control plane's."""
-    binary = plugins_scheduler(cluster.minor) if plugins else None
+    our kube-scheduler of the plugins path, to run instead of the control plane's."""
     args = plugins_scheduler_flags(cluster.minor) if plugins else ()
-    proc = cluster.start_scheduler(f"scheduler-{variant}", config, binary, args)
+    proc = cluster.start_scheduler(f"scheduler-{variant}", config, plugins, args)
     deadline = time.monotonic() + 900
     seen, offset, tail = 0, 0, b""
     first: tuple[int, proc_cpu.Snapshot] | None = None
@@ -323,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     os.sched_setaffinity(0, plane)  # what this process starts runs there
     with bare_stack("e2e-throughput-") as (stack, core):
         cluster, work = stack.cluster, stack.workdir
+        # Found once: a checkout edited while the bench runs must not change it.
+        ours_scheduler = plugins_scheduler(cluster.minor) if "plugins" in variants else None
         started = time.monotonic()
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda i: core.create_node(gpu_node(f"n-{i:05d}")), range(opts.nodes)))
@@ -364,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                 name = f"{variant}-{round_}"
                 before = prepared_counts(ops_port)
                 log_offset = log_path.stat().st_size
-                rate, spent = measure(cluster, name, config, opts.pods, variant == "plugins")
+                plugins = ours_scheduler if variant == "plugins" else None
+                rate, spent = measure(cluster, name, config, opts.pods, plugins)
                 runs[variant].append(rate)
                 cpu[variant].append(spent)
                 after = prepared_counts(ops_port)

@@ -68,9 +68,10 @@ tags_of() { [ "$1" = 1.34 ] && echo k8s1_34 || true; }
 plugins_path() {
   local minor=$1 dir version flags hash
   dir=$(module_dir "$minor"); version=$(version_of "$dir"); flags=$(ldflags "$version" "$dir")
-  hash=$( (cat "$dir/go.mod" "$dir/go.sum"; cd "$ROOT/plugins" && find . -type f \( -name '*.go' \
-    -o -name go.mod -o -name go.sum \) | LC_ALL=C sort | xargs cat; echo "$flags $(tags_of "$minor")") \
-    | sha1sum | cut -c1-8)
+  # Keyed by what goes into the binary: not the tests (plugins/test/, *_test.go).
+  hash=$( (cat "$dir/go.mod" "$dir/go.sum"; cd "$ROOT/plugins" && find . -path ./test -prune -o \
+    -type f \( -name '*.go' ! -name '*_test.go' -o -name go.mod -o -name go.sum \) -print \
+    | LC_ALL=C sort | xargs cat; echo "$flags $(tags_of "$minor")") | sha1sum | cut -c1-8)
   echo "$ROOT/.cache/k8s/$version-plugins-$hash/kube-scheduler"
 }
 

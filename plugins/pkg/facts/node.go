@@ -132,11 +132,10 @@ func replicas(value string) int64 {
 }
 
 // Cache keeps each node's facts for its resourceVersion: a node is read once per
-// change, not once per Filter call (kube-scheduler filters 16 nodes at once).
+// change, not once per Filter and Score call (kube-scheduler runs 16 at once; reads
+// take no lock).
 type Cache struct {
-	levels []string
-	mu     sync.RWMutex
-	nodes  map[string]cached
+	nodes sync.Map // name -> cached
 }
 
 type cached struct {
@@ -144,35 +143,25 @@ type cached struct {
 	facts   *Node
 }
 
-// NewCache keeps facts with the given topology levels.
-func NewCache(levels []string) *Cache {
-	return &Cache{levels: levels, nodes: map[string]cached{}}
-}
+// Nodes is the facts cache the plugins share: what they read of a node is the same
+// for every profile and plugin.
+var Nodes = &Cache{}
 
 // Of gives the node's facts, read again only when its resourceVersion changed (an
 // object without one, as in tests, is read every time).
 func (c *Cache) Of(node *v1.Node) *Node {
 	version := node.ResourceVersion
 	if version != "" {
-		c.mu.RLock()
-		got, ok := c.nodes[node.Name]
-		c.mu.RUnlock()
-		if ok && got.version == version {
-			return got.facts
+		if got, ok := c.nodes.Load(node.Name); ok && got.(cached).version == version {
+			return got.(cached).facts
 		}
 	}
-	facts := ReadNode(node, c.levels)
+	facts := ReadNode(node, nil)
 	if version != "" {
-		c.mu.Lock()
-		c.nodes[node.Name] = cached{version, facts}
-		c.mu.Unlock()
+		c.nodes.Store(node.Name, cached{version, facts})
 	}
 	return facts
 }
 
 // Forget drops a deleted node's facts.
-func (c *Cache) Forget(name string) {
-	c.mu.Lock()
-	delete(c.nodes, name)
-	c.mu.Unlock()
-}
+func (c *Cache) Forget(name string) { c.nodes.Delete(name) }

@@ -57,7 +57,7 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 
 // NewWith builds the plugin over given heartbeats and clock (tests, the conformance suite).
 func NewWith(args config.GPUSchedulerArgs, heartbeats *Heartbeats, now func() time.Time) *GPUScheduler {
-	return &GPUScheduler{args: args, nodes: facts.NewCache(nil), heartbeats: heartbeats, now: now}
+	return &GPUScheduler{args: args, nodes: facts.Nodes, heartbeats: heartbeats, now: now}
 }
 
 // Name is the plugin's name.

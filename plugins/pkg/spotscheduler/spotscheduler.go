@@ -52,8 +52,8 @@ func Preference(pod *v1.Pod) string {
 }
 
 // Refuse is the spot rule: 0, or the code for the node under require/forbid.
-func Refuse(rule string, labels map[string]string) int {
-	spot := facts.CapacityType(labels) == "spot"
+func Refuse(rule string, node *facts.Node) int {
+	spot := node.CapacityType == "spot"
 	switch {
 	case rule == "require" && !spot:
 		return contract.SpotNotSpot
@@ -77,8 +77,8 @@ func Words(code int) string {
 }
 
 // Raw is the spot score: 1 for the capacity the pod prefers, 0 for the other.
-func Raw(rule string, labels map[string]string) int64 {
-	spot := facts.CapacityType(labels) == "spot"
+func Raw(rule string, node *facts.Node) int64 {
+	spot := node.CapacityType == "spot"
 	if spot == (rule == "prefer") {
 		return 1
 	}
@@ -104,7 +104,7 @@ func (p *SpotScheduler) Filter(_ context.Context, cs fwk.CycleState, _ *v1.Pod, 
 	if err != nil {
 		return fwk.AsStatus(err)
 	}
-	if code := Refuse(rule, info.Node().Labels); code != 0 {
+	if code := Refuse(rule, facts.Nodes.Of(info.Node())); code != 0 {
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, Words(code))
 	}
 	return nil
@@ -119,14 +119,27 @@ func ruleOf(cs fwk.CycleState) (string, error) {
 	return string(rule), nil
 }
 
-// PreScore skips pods that neither prefer nor avoid spot.
-func (p *SpotScheduler) PreScore(_ context.Context, cs fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
+// PreScore skips pods that neither prefer nor avoid spot, and nodes that are all of
+// one kind: every node would score the same (the extender gives each the top score,
+// which changes no ranking).
+func (p *SpotScheduler) PreScore(_ context.Context, cs fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
 	rule := Preference(pod)
-	if rule != "prefer" && rule != "avoid" {
+	if rule != "prefer" && rule != "avoid" || Alike(nodes) {
 		return fwk.NewStatus(fwk.Skip)
 	}
 	cs.Write(stateKey, preference(rule))
 	return nil
+}
+
+// Alike: the nodes are all spot, or all on-demand.
+func Alike(nodes []fwk.NodeInfo) bool {
+	for i := 1; i < len(nodes); i++ {
+		first, this := facts.Nodes.Of(nodes[0].Node()), facts.Nodes.Of(nodes[i].Node())
+		if (first.CapacityType == "spot") != (this.CapacityType == "spot") {
+			return false
+		}
+	}
+	return true
 }
 
 // Score is 1 for the capacity the pod prefers (normalised over the nodes).
@@ -135,7 +148,7 @@ func (p *SpotScheduler) Score(_ context.Context, cs fwk.CycleState, _ *v1.Pod, i
 	if err != nil {
 		return 0, fwk.AsStatus(err)
 	}
-	return Raw(rule, info.Node().Labels), nil
+	return Raw(rule, facts.Nodes.Of(info.Node())), nil
 }
 
 // ScoreExtensions normalises.

@@ -1,0 +1,141 @@
+package gpuscheduler
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/apis/config"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
+)
+
+func gpuNode(labels map[string]string, annotations map[string]string) *v1.Node {
+	return &v1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: labels, Annotations: annotations},
+		Status: v1.NodeStatus{Allocatable: v1.ResourceList{
+			v1.ResourceName(contract.ResourceGpu): resource.MustParse("8")}},
+	}
+}
+
+func pod(gpus string, memory string) *v1.Pod {
+	requests := v1.ResourceList{}
+	if gpus != "" {
+		requests[v1.ResourceName(contract.ResourceGpu)] = resource.MustParse(gpus)
+	}
+	if memory != "" {
+		requests[v1.ResourceName(contract.ResourceGpuMemory)] = resource.MustParse(memory)
+	}
+	return &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default"},
+		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c",
+			Resources: v1.ResourceRequirements{Requests: requests}}}},
+	}
+}
+
+func plugin(t *testing.T) *GPUScheduler {
+	t.Helper()
+	args, err := config.DecodeGPUScheduler(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewWith(args, NewHeartbeats(), time.Now)
+}
+
+func TestAShareIsRefusedWithWordsThatNameTheExtenderPath(t *testing.T) {
+	_, status := plugin(t).PreFilter(context.Background(), framework.NewCycleState(), pod("", "10"), nil)
+	if status.Code() != fwk.UnschedulableAndUnresolvable || !strings.Contains(status.Message(), "extender path") {
+		t.Fatalf("got %v", status)
+	}
+}
+
+func TestACPUPodSkipsTheFilterButIsScored(t *testing.T) {
+	p := plugin(t)
+	state := framework.NewCycleState()
+	if _, status := p.PreFilter(context.Background(), state, pod("", ""), nil); !status.IsSkip() {
+		t.Fatalf("PreFilter: %v", status)
+	}
+	info := framework.NewNodeInfo()
+	info.SetNode(gpuNode(map[string]string{contract.LabelGpuPresent: "true"}, nil))
+	if score, status := p.Score(context.Background(), state, pod("", ""), info); score != 0 || !status.IsSuccess() {
+		t.Fatalf("a GPU node for a CPU pod: %d %v", score, status)
+	}
+}
+
+func TestNodeEventsQueueOnlyWhatTheRulesRead(t *testing.T) {
+	p := plugin(t)
+	logger := klog.Background()
+	before := gpuNode(map[string]string{contract.LabelGpuProduct: "NVIDIA-H100-80GB-HBM3"}, nil)
+	cases := []struct {
+		name  string
+		after *v1.Node
+		want  fwk.QueueingHint
+	}{
+		{"an unrelated label", gpuNode(map[string]string{
+			contract.LabelGpuProduct: "NVIDIA-H100-80GB-HBM3", "team": "a"}, nil), fwk.QueueSkip},
+		{"the product", gpuNode(map[string]string{contract.LabelGpuProduct: "NVIDIA-B200"}, nil), fwk.Queue},
+		{"a GPU falls sick", gpuNode(map[string]string{contract.LabelGpuProduct: "NVIDIA-H100-80GB-HBM3"},
+			map[string]string{contract.AnnGpus: `[{"uuid":"GPU-1","healthy":false}]`}), fwk.Queue},
+	}
+	for _, c := range cases {
+		got, err := p.nodeChanged(logger, nil, before, c.after)
+		if err != nil || got != c.want {
+			t.Errorf("%s: %v %v, want %v", c.name, got, err, c.want)
+		}
+	}
+	if got, _ := p.nodeChanged(logger, nil, nil, before); got != fwk.Queue {
+		t.Errorf("a new node: %v", got)
+	}
+}
+
+func TestOnlyAGPUPodLeavingANodeQueues(t *testing.T) {
+	logger := klog.Background()
+	gone := pod("2", "")
+	gone.Spec.NodeName = "n"
+	if got, _ := podGone(logger, nil, gone, nil); got != fwk.Queue {
+		t.Errorf("a GPU pod: %v", got)
+	}
+	cpu := pod("", "")
+	cpu.Spec.NodeName = "n"
+	if got, _ := podGone(logger, nil, cpu, nil); got != fwk.QueueSkip {
+		t.Errorf("a CPU pod: %v", got)
+	}
+}
+
+func TestTheHeartbeatGuardTripsWhenMostAgentsFallSilentAtOnce(t *testing.T) {
+	h := NewHeartbeats()
+	now := time.Unix(1_800_000_000, 0)
+	oldest := now.Add(-15 * time.Minute)
+	h.Set("a", now)
+	h.Set("b", now.Add(-time.Hour))
+	h.Set("c", time.Time{}) // a Lease not renewed yet counts as neither
+	if why := h.Guard(oldest); why != "" {
+		t.Fatalf("one silent of two: %q", why)
+	}
+	if !h.Silent("b", oldest) || h.Silent("c", oldest) || h.Silent("unknown", oldest) {
+		t.Fatal("silent: b only")
+	}
+	h.Set("a", now.Add(-time.Hour))
+	if why := h.Guard(oldest); why != "many-silent" {
+		t.Fatalf("two silent of two: %q", why)
+	}
+}
+
+func TestArgsAreCheckedAsTheExtendersConfiguration(t *testing.T) {
+	for _, raw := range []string{`{"defaultPlacement": "tight"}`, `{"heartbeatWindow": "-1s"}`} {
+		if _, err := config.DecodeGPUScheduler(unknown(raw)); err == nil {
+			t.Errorf("%s: accepted", raw)
+		}
+	}
+	args, err := config.DecodeGPUScheduler(unknown(`{"defaultPlacement": "spread", "heartbeatWindow": "5m"}`))
+	if err != nil || args.DefaultPlacement != "spread" || args.HeartbeatWindow.Duration != 5*time.Minute {
+		t.Fatalf("%+v %v", args, err)
+	}
+}
