@@ -17,6 +17,7 @@
 #                                       <version>-plugins-<hash>/kube-scheduler
 #   tools/k8s/build.sh --path plugins [MINOR]   where that build is (or would be)
 #   tools/k8s/build.sh --tags MINOR     the Go build tags that minor's plugins need
+#   tools/k8s/build.sh --version MINOR  the Kubernetes release that minor builds (v1.NN.P)
 #
 # The newest minor's module is tools/k8s itself (it also carries helm: helm.go); each
 # older one is tools/k8s/v1.NN, a go.mod of its own that links tools/k8s/components.go.
@@ -145,6 +146,7 @@ case "${1:-}" in
     plugins) plugins_path "${3:-$(newest)}" ;;
     *) path_of "${2:-$(newest)}" ;; esac; exit 0 ;;
   --tags) module_dir "$2" >/dev/null; tags_of "$2"; exit 0 ;;
+  --version) version_of "$(module_dir "$2")"; exit 0 ;;
   plugins) build_plugins "${2:-$(newest)}"; exit 0 ;;
   kueue) build_kueue; exit 0 ;;
   linters) build_linters; exit 0 ;;
