@@ -18,18 +18,18 @@ import (
 // A node with no Lease is not agent-managed and is trusted as it is; a Lease not
 // renewed yet holds nothing against its node.
 type Heartbeats struct {
-	renewed sync.Map // node -> time.Time (zero: a Lease with no renewTime yet)
+	mu      sync.RWMutex
+	renewed map[string]time.Time // zero: a Lease with no renewTime yet
 	synced  func() bool
 	// The guard's last answer and when it was worked out: at most once a second, not
 	// once a pod (it reads every Lease: 5,000 at 5,000 nodes).
-	mu       sync.Mutex
 	guardAt  time.Time
 	guardWhy string
 }
 
 // NewHeartbeats is an empty set (tests fill it with Set).
 func NewHeartbeats() *Heartbeats {
-	return &Heartbeats{synced: func() bool { return true }}
+	return &Heartbeats{renewed: map[string]time.Time{}, synced: func() bool { return true }}
 }
 
 // WatchLeases keeps the set from a Lease informer of its own: one namespace, one label
@@ -48,7 +48,10 @@ func (h *Heartbeats) WatchLeases(client kubernetes.Interface, namespace string, 
 				obj = gone.Obj
 			}
 			if lease, ok := obj.(*coordinationv1.Lease); ok {
-				h.renewed.Delete(lease.Name)
+				h.mu.Lock()
+				delete(h.renewed, lease.Name)
+				h.guardAt = time.Time{}
+				h.mu.Unlock()
 			}
 		},
 	})
@@ -70,19 +73,18 @@ func (h *Heartbeats) put(obj any) {
 
 // Set records a node's last renewal (zero: a Lease not renewed yet).
 func (h *Heartbeats) Set(node string, renewed time.Time) {
-	h.renewed.Store(node, renewed)
 	h.mu.Lock()
+	h.renewed[node] = renewed
 	h.guardAt = time.Time{} // worked out again on the next pod
 	h.mu.Unlock()
 }
 
 // Of is the node's last renewal and whether it has a Lease (is agent-managed).
 func (h *Heartbeats) Of(node string) (time.Time, bool) {
-	renewed, ok := h.renewed.Load(node)
-	if !ok {
-		return time.Time{}, false
-	}
-	return renewed.(time.Time), true
+	h.mu.RLock()
+	renewed, ok := h.renewed[node]
+	h.mu.RUnlock()
+	return renewed, ok
 }
 
 // Guard says why heartbeats must not filter now ("" when they may): the Leases are
@@ -99,15 +101,14 @@ func (h *Heartbeats) Guard(oldest time.Time) string {
 		return h.guardWhy
 	}
 	silent, agents := 0, 0 // a Lease not renewed yet counts as neither
-	h.renewed.Range(func(_, value any) bool {
-		if renewed := value.(time.Time); !renewed.IsZero() {
+	for _, renewed := range h.renewed {
+		if !renewed.IsZero() {
 			agents++
 			if renewed.Before(oldest) {
 				silent++
 			}
 		}
-		return true
-	})
+	}
 	h.guardAt, h.guardWhy = oldest, ""
 	if silent >= contract.HeartbeatGuardMinSilent && float64(silent) > 0.5*float64(agents) {
 		h.guardWhy = "many-silent"

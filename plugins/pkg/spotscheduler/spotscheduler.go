@@ -133,9 +133,12 @@ func (p *SpotScheduler) PreScore(_ context.Context, cs fwk.CycleState, pod *v1.P
 
 // Alike: the nodes are all spot, or all on-demand.
 func Alike(nodes []fwk.NodeInfo) bool {
-	for i := 1; i < len(nodes); i++ {
-		first, this := facts.Nodes.Of(nodes[0].Node()), facts.Nodes.Of(nodes[i].Node())
-		if (first.CapacityType == "spot") != (this.CapacityType == "spot") {
+	if len(nodes) == 0 {
+		return true
+	}
+	spot := facts.Nodes.Of(nodes[0].Node()).CapacityType == "spot"
+	for _, info := range nodes[1:] {
+		if (facts.Nodes.Of(info.Node()).CapacityType == "spot") != spot {
 			return false
 		}
 	}
