@@ -1,0 +1,92 @@
+package facts
+
+import (
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
+)
+
+func TestHealthCountsUnitsAsTheExtenderDoes(t *testing.T) {
+	value := `[{"uuid":"GPU-a","healthy":true},{"uuid":"GPU-b","healthy":false,"xid":79,` +
+		`"reason":"fell off the bus","since":"2026-12-01T10:00:00Z"}]`
+	h := ReadHealth(value, 2, false) // time-sliced twice: each GPU is 2 units
+	if h.Healthy != 2 || h.Total != 4 {
+		t.Fatalf("%+v", h)
+	}
+	if want := "GPU-b (XID 79; fell off the bus; since 2026-12-01T10:00:00Z)"; h.Unhealthy[0] != want {
+		t.Fatalf("%q", h.Unhealthy[0])
+	}
+	// The device plugin still advertises all 4: the sick GPU's 2 are taken off.
+	if got := h.Usable(4); got != 2 {
+		t.Fatalf("usable %d", got)
+	}
+	for _, bad := range []string{"", "{}", `[1]`, "[", strings.Repeat(" ", contract.MaxGpusAnnotation+1)} {
+		if ReadHealth(bad, 1, false) != nil {
+			t.Errorf("%q read as health", bad)
+		}
+	}
+}
+
+func TestCapacityTypeReadsEveryCloudsLabel(t *testing.T) {
+	for _, pair := range contract.SpotLabels {
+		if got := CapacityType(map[string]string{pair[0]: pair[1]}); got != "spot" {
+			t.Errorf("%s=%s: %q", pair[0], pair[1], got)
+		}
+		if got := CapacityType(map[string]string{pair[0]: "other"}); got != "on-demand" {
+			t.Errorf("%s=other: %q", pair[0], got)
+		}
+	}
+	if got := CapacityType(nil); got != "" {
+		t.Errorf("no label: %q", got)
+	}
+}
+
+func TestAMemoryLabelIsReadAsNodeAffinityReadsIt(t *testing.T) {
+	for value, want := range map[string]int64{"81559": 81559, "80Gi": -1, "-1": -1, "": -1,
+		"99999999999999999999": -1} {
+		node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
+			Labels: map[string]string{contract.LabelGpuMemory: value}}}
+		if got := ReadNode(node, nil).MemoryMiB; got != want {
+			t.Errorf("%q: %d, want %d", value, got, want)
+		}
+	}
+}
+
+func TestTheCacheReadsANodeOncePerResourceVersion(t *testing.T) {
+	c := &Cache{nodes: map[string]cached{}}
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", ResourceVersion: "1"},
+		Status: v1.NodeStatus{Allocatable: v1.ResourceList{
+			v1.ResourceName(contract.ResourceGpu): resource.MustParse("8")}}}
+	first := c.Of(node)
+	if c.Of(node) != first {
+		t.Fatal("read again at the same resourceVersion")
+	}
+	changed := node.DeepCopy()
+	changed.ResourceVersion = "2"
+	changed.Status.Allocatable[v1.ResourceName(contract.ResourceGpu)] = resource.MustParse("4")
+	if got := c.Of(changed); got == first || got.Allocatable != 4 {
+		t.Fatalf("a new resourceVersion kept the old facts: %+v", got)
+	}
+}
+
+func TestMemorySizesAreWordedAsTheExtenderWordsThem(t *testing.T) {
+	for value, want := range map[string]int64{"40Gi": 40960, "81920": 81920, "80G": 76293, " 24Gi ": 24576} {
+		if got, err := ParseMiB(value); err != nil || got != want {
+			t.Errorf("%q: %d %v, want %d", value, got, err, want)
+		}
+	}
+	for value, words := range map[string]string{
+		"lots":     "not a quantity: 'lots' (use e.g. 2, 500m, 40Gi, 80G or 1e3)",
+		"-5Gi":     "memory must not be negative: '-5Gi'",
+		"1e999999": "quantity '1e999999' is beyond 2**63-1",
+	} {
+		if _, err := ParseMiB(value); err == nil || err.Error() != words {
+			t.Errorf("%q: %v, want %q", value, err, words)
+		}
+	}
+}
