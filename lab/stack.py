@@ -103,8 +103,8 @@ def plugins_config(profile: str | None = None) -> dict[str, Any]:
 def plugins_scheduler_flags(minor: int) -> list[str]:
     """The flags our kube-scheduler of the plugins path takes on this minor. On 1.34,
     asynchronous preemption lets the preemptor back into the queue before its last
-    victim is deleted (upstream's prepareCandidateAsync; 1.37 holds it until then,
-    lastVictimsPendingPreemption; 1.35 and 1.36 are not run in the lab): the pod,
+    victim is deleted (upstream's prepareCandidateAsync; from 1.35 it is held until
+    then, lastVictimsPendingPreemption, read in 1.35.4, 1.36.3 and 1.37.2): the pod,
     still short by that victim, preempts again and evicts one pod too many. The
     extender path hides it (its preempt verb answers with the victims it already
     agreed to); the plugins path turns it off there."""
