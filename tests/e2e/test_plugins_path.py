@@ -9,6 +9,8 @@ extender in the profile. The extender path's own scenarios run here unchanged:
   plugin still advertises (kube-scheduler counts it now: the plugin's Filter runs in
   its what-if), a disruption budget that steers the preemptor, a budget-protected
   pod kept on a sick-GPU node, ``preemptionPolicy: Never``;
+- gangs: two 4 x 8-GPU jobs on six nodes, one placed whole and the other after it,
+  as upstream PodGroups (1.37) and through Kueue;
 
 on the newest minor and on the oldest (its plugins built with pkg/fwk's 1.34 tag).
 Not here: shares of a GPU and DRA GPUs (the plugins refuse shares with words that say
@@ -18,14 +20,20 @@ verb does that; DefaultPreemption does not).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import yaml
+from kubernetes import client
 
-from lab.controlplane import plugins_scheduler, supported_minors
+from lab.controlplane import GANG_MINOR, plugins_scheduler, supported_minors
 from lab.stack import start_stack
+from tests.e2e import test_gangs as gangs
 from tests.e2e import test_placement as placement
 from tests.e2e import test_preemption as preemption
 from tests.e2e import test_preemption_state as preemption_state
+from tests.e2e.kube import core, ensure_namespace, unique
 from tests.e2e.test_versions import oldest_binary
 from tests.helpers import required
 
@@ -98,3 +106,40 @@ def test_a_budget_protected_pod_is_kept_on_a_sick_gpu_node(plugins, tmp_path):
 
 def test_preemption_policy_never_evicts_nothing(plugins):
     preemption.never_preempts(plugins)
+
+
+@contextlib.contextmanager
+def gang_namespace(stack) -> Iterator[str]:
+    """A namespace of its own, its pods and itself deleted after (test_gangs' fixture)."""
+    name = unique("gang")
+    ensure_namespace(stack, name)
+    try:
+        yield name
+    finally:
+        gangs.force_delete(stack, name, core(stack).list_namespaced_pod(name).items)
+        core(stack).delete_namespace(name)
+
+
+def test_an_upstream_gang_places_one_job_whole_and_the_other_after_it(plugins, tmp_path):
+    cluster = plugins.cluster
+    if cluster.minor < GANG_MINOR or "GenericWorkload=true" not in cluster.gates:
+        pytest.skip(f"the Workload / PodGroup API is served from 1.{GANG_MINOR} with its gate on")
+    with gang_namespace(plugins) as namespace:
+        gangs.test_upstream_gang_places_one_job_whole_and_the_other_after_it(
+            plugins, namespace, client.CustomObjectsApi(plugins.api), tmp_path
+        )
+
+
+def test_kueue_admits_one_job_whole_and_the_other_after_it(plugins, tmp_path):
+    from lab.kueue import HOW_TO_GET_IT, kueue_binary, start_kueue
+
+    if kueue_binary() is None:
+        required("the Kueue e2e tests", HOW_TO_GET_IT)
+    kueue = start_kueue(plugins.cluster, tmp_path / "kueue")
+    try:
+        with gang_namespace(plugins) as namespace:
+            gangs.test_kueue_admits_one_job_whole_and_the_other_after_it(
+                plugins, namespace, kueue, tmp_path
+            )
+    finally:
+        kueue.stop()
