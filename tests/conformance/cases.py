@@ -47,6 +47,25 @@ ZONES = ("zone-a", "zone-b", "zone-c")
 MIN_MEMORY = ("40Gi", "81920", "80G", "16000Mi", "20000", " 24Gi ", "lots", "-5Gi", "1e999999")
 SPOT = ("prefer", "avoid", "require", "forbid", "sometimes")
 PLACEMENT = ("binpack", "spread", "tight")
+#: What a hostile or careless writer puts there: odd quantities, case, whitespace,
+#: other scripts, sizes past every limit.
+ODD_MEMORY = (
+    ".", "-", "1.", "+40Gi", "40gi", "0.5Gi", "1e3", "1e4294967296", "9Ei", "12E", "0x10",
+    "\u0663", "40Gi\n", "", "x" * 2000, "9" * 19, "1.5e-9", "-0", "1E3",
+)  # fmt: skip
+ODD_WORDS = ("Prefer", " spread", "BINPACK", "", "forbid ", "\u00e9", "x" * 300)
+ODD_PRODUCTS = (",,,", "NVIDIA-A100-SXM4-40GB,NVIDIA-A100-SXM4-40GB-SHARED", "T" * 64,
+                ",".join(f"p{k}" for k in range(65)), " Tesla-T4 ")  # fmt: skip
+#: Entries of the agent's per-GPU annotation with fields of the wrong type.
+ODD_GPUS = (
+    {"uuid": 5, "healthy": False}, {"uuid": "GPU-x", "healthy": "false"},
+    {"uuid": "GPU-y", "healthy": False, "xid": 79.0},
+    {"uuid": "GPU-z", "healthy": False, "xid": True},
+    {"uuid": "", "healthy": False, "reason": 42, "since": 0}, {"healthy": None},
+    {"uuid": "GPU-w", "healthy": False, "reason": "r" * 300, "since": "s" * 100},
+    {"uuid": "GPU-v", "healthy": False, "xid": -3, "reason": "XID -3 seen"},
+    {"uuid": "GPU-m", "migEnabled": True, "migDevices": "none", "healthy": False},
+)  # fmt: skip
 
 
 def _iso(seconds: float) -> str:
@@ -71,7 +90,11 @@ def _health(rng: random.Random, count: int, mig: bool) -> str:
                 gpu["since"] = "2026-12-01T10:00:00Z"
         else:
             gpu["healthy"] = True
+        if rng.random() < 0.1:
+            gpu = dict(rng.choice(ODD_GPUS))
         gpus.append(gpu)
+    if rng.random() < 0.05:
+        return rng.choice(('{"a": 1}', "[1, 2]", "[", "null", "[" * 5000 + "]" * 5000))
     return json.dumps(gpus, separators=(",", ":"))
 
 
@@ -125,16 +148,21 @@ def pod(rng: random.Random, name: str, *, on: str | None = None, group: str | No
     annotations: dict[str, str] = {}
     if on is None:
         if rng.random() < 0.25:
-            annotations[contract.ANN_MIN_GPU_MEMORY] = rng.choice(MIN_MEMORY[:6] * 3 + MIN_MEMORY)
+            odd = rng.random() < 0.3
+            annotations[contract.ANN_MIN_GPU_MEMORY] = rng.choice(
+                ODD_MEMORY if odd else MIN_MEMORY[:6] * 3 + MIN_MEMORY
+            )
         if rng.random() < 0.25:
             picked = rng.sample(PRODUCTS, rng.randrange(1, 3))
             annotations[contract.ANN_GPU_PRODUCTS] = (
-                ",".join(picked) if rng.random() < 0.95 else " , "
+                ",".join(picked) if rng.random() < 0.9 else rng.choice(ODD_PRODUCTS)
             )
         if rng.random() < 0.4:
-            annotations[contract.ANN_SPOT] = rng.choice(SPOT[:4] * 4 + SPOT[4:])
+            annotations[contract.ANN_SPOT] = rng.choice(SPOT[:4] * 8 + SPOT[4:] + ODD_WORDS)
         if rng.random() < 0.3:
-            annotations[contract.ANN_PLACEMENT] = rng.choice(PLACEMENT[:2] * 4 + PLACEMENT[2:])
+            annotations[contract.ANN_PLACEMENT] = rng.choice(
+                PLACEMENT[:2] * 8 + PLACEMENT[2:] + ODD_WORDS
+            )
     if group:
         annotations[contract.ANN_GROUP] = group
     resources: dict[str, Any] = {"requests": {"cpu": "1", "memory": "1Gi"}}

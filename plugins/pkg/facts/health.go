@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math/big"
 	"strings"
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
@@ -76,10 +77,8 @@ func unhealthyWords(gpu map[string]any) string {
 	uuid := clipText(pyStr(gpu[contract.GpuUuid], "unknown"), 64)
 	reason := clipText(pyStr(gpu[contract.GpuReason], ""), 120)
 	var details []string
-	if xid, ok := gpu[contract.GpuXid].(json.Number); ok && isInteger(string(xid)) {
-		if word := "XID " + string(xid); !strings.Contains(reason, word) {
-			details = append(details, word)
-		}
+	if word := xidWords(gpu[contract.GpuXid]); word != "" && !strings.Contains(reason, word) {
+		details = append(details, word)
 	}
 	if reason != "" {
 		details = append(details, reason)
@@ -91,6 +90,23 @@ func unhealthyWords(gpu map[string]any) string {
 		return uuid
 	}
 	return fmt.Sprintf("%s (%s)", uuid, strings.Join(details, "; "))
+}
+
+// xidWords: "XID n" for an integer XID (a JSON true or false too: Python's bool is an
+// int, and the extender words it so).
+func xidWords(xid any) string {
+	switch v := xid.(type) {
+	case json.Number:
+		if n, ok := new(big.Int).SetString(string(v), 10); ok && isInteger(string(v)) {
+			return "XID " + n.String()
+		}
+	case bool:
+		if v {
+			return "XID True"
+		}
+		return "XID False"
+	}
+	return ""
 }
 
 func isInteger(number string) bool {

@@ -2,14 +2,13 @@ package facts
 
 import (
 	"fmt"
-	"math"
+	"math/big"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	resourcehelper "k8s.io/component-helpers/resource"
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
@@ -138,46 +137,53 @@ func ParseMiB(value string) (int64, error) {
 		}
 		return strconv.ParseInt(text, 10, 64)
 	}
-	if text == "" {
-		return 0, fmt.Errorf("empty quantity")
-	}
-	q, err := resource.ParseQuantity(text)
+	amount, err := parseQuantity(text)
 	if err != nil {
-		return 0, fmt.Errorf("not a quantity: %s (use e.g. 2, 500m, 40Gi, 80G or 1e3)", pyRepr(text))
+		return 0, err
 	}
-	if q.CmpInt64(math.MaxInt64) > 0 || q.CmpInt64(-math.MaxInt64) < 0 {
-		return 0, fmt.Errorf("quantity %s is beyond 2**63-1", pyRepr(text))
-	}
-	if q.Sign() < 0 {
+	if amount.Sign() < 0 {
 		return 0, fmt.Errorf("memory must not be negative: %s", pyRepr(value))
 	}
 	// Whole bytes, rounded down (Python's int() of the exact amount), then MiB.
-	return floorInt(q.AsDec().String()) >> 20, nil
+	whole := new(big.Int).Quo(amount.Num(), amount.Denom())
+	return whole.Int64() >> 20, nil
 }
 
-// floorInt is the integer part of a non-negative decimal text.
-func floorInt(text string) int64 {
-	if i := strings.IndexByte(text, '.'); i >= 0 {
-		text = text[:i]
-	}
-	n, _ := strconv.ParseInt(text, 10, 64)
-	return n
-}
-
-// pyRepr is Python's repr of a string, as the extender's words quote values.
+// pyRepr is how the extender shows a value in its words (gpu_scheduler.textclip.clip):
+// Python's repr of at most 1,025 characters, the result cut to 1,024 and marked.
 func pyRepr(s string) string {
-	quote := "'"
+	runes := []rune(s)
+	shown := runes
+	if len(shown) > clipLimit+1 {
+		shown = shown[:clipLimit+1]
+	}
+	text := []rune(quote(string(shown)))
+	if len(text) <= clipLimit {
+		return string(text)
+	}
+	whole := ""
+	if len(runes) > clipLimit {
+		whole = fmt.Sprintf(" of %d characters", len(runes))
+	}
+	return string(text[:clipLimit]) + "... (truncated" + whole + ")"
+}
+
+const clipLimit = 1024
+
+// quote is Python's repr of a string: single quotes unless it holds one and no double.
+func quote(s string) string {
+	q := "'"
 	if strings.Contains(s, "'") && !strings.Contains(s, `"`) {
-		quote = `"`
+		q = `"`
 	}
 	var b strings.Builder
-	b.WriteString(quote)
+	b.WriteString(q)
 	for _, r := range s {
 		switch {
 		case r == '\\':
 			b.WriteString(`\\`)
-		case string(r) == quote:
-			b.WriteString(`\` + quote)
+		case string(r) == q:
+			b.WriteString(`\` + q)
 		case r == '\n':
 			b.WriteString(`\n`)
 		case r == '\t':
@@ -190,10 +196,7 @@ func pyRepr(s string) string {
 			b.WriteRune(r)
 		}
 	}
-	b.WriteString(quote)
-	if len(s) > 1024 {
-		return b.String()[:1025] + fmt.Sprintf("... (truncated of %d characters)", len(s))
-	}
+	b.WriteString(q)
 	return b.String()
 }
 
