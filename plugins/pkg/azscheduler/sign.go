@@ -13,8 +13,7 @@ import (
 
 var _ fwk.SignPlugin = &AZScheduler{}
 
-// SignPod lets kube-scheduler batch pods its plugins decide alike (1.35+: a Filter or
-// Score plugin that does not sign turns batching off for every pod of the profile).
+// SignPod: facts.Fragments.
 func (p *AZScheduler) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFragment, *fwk.Status) {
-	return []fwk.SignFragment{{Key: facts.SignKey, Value: facts.Signature(pod)}}, nil
+	return facts.Fragments(pod)
 }
