@@ -58,7 +58,6 @@ def canon(value: Any) -> Any:
 MAX_NAME = 253
 #: More GPUs than any node has; bigger counts are clamped so arithmetic stays small.
 MAX_GPUS = 1 << 20
-MIG_PART = contract.MIG_PART
 
 
 @dataclass(slots=True)
@@ -226,7 +225,7 @@ def _node_facts(
     product = _opt_intern(label(contract.LABEL_GPU_PRODUCT))
     annotations = object_at(meta, "annotations", "metadata.annotations")
     health = contract.gpu_health(
-        annotations.get(contract.ANN_GPUS), replicas, bool(product and MIG_PART in product)
+        annotations.get(contract.ANN_GPUS), replicas, bool(product and contract.MIG_PART in product)
     )
     return NodeFacts(
         name,

@@ -15,7 +15,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING, Any
 
-from extender.model import MIG_PART
+from gpu_scheduler import contract
 from gpu_scheduler.jsondecode import decode_json
 from gpu_scheduler.table import render_table
 
@@ -47,7 +47,7 @@ def kind(facts: NodeFacts) -> str:
         return "shares"
     if facts.replicas > 1:
         return f"shared x{facts.replicas}"
-    if facts.product and MIG_PART in facts.product:
+    if facts.product and contract.MIG_PART in facts.product:
         return "MIG"
     return "whole" if facts.allocatable or facts.labelled_gpu else "-"
 

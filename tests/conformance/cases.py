@@ -20,6 +20,7 @@ import argparse
 import json
 import random
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ from extender.engine import filter_nodes, weighted_means
 from extender.model import pod_facts
 from extender.policies import build_policies
 from gpu_scheduler import contract
+from gpu_scheduler.timestamps import rfc3339_micro
+from tests.factories import make_lease
 from tests.fakeapi import synced_cache
 
 NOW = 1_800_000_000.0
@@ -35,6 +38,13 @@ NOW = 1_800_000_000.0
 #: spot, group). scarcity and fragmentation are the extender's only, for now.
 SCORED = ("gpu", "spot", "group")
 NAMESPACE = "gpu-scheduler"
+
+
+def lease(node: str, renewed: float | None) -> dict[str, Any]:
+    """The node's agent heartbeat Lease, last renewed at ``renewed`` (seconds)."""
+    when = None if renewed is None else rfc3339_micro(datetime.fromtimestamp(renewed, UTC))
+    return make_lease(node, when, NAMESPACE)
+
 
 PRODUCTS = (
     "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB", "Tesla-T4", "NVIDIA-L40S",
@@ -66,12 +76,6 @@ ODD_GPUS = (
     {"uuid": "GPU-v", "healthy": False, "xid": -3, "reason": "XID -3 seen"},
     {"uuid": "GPU-m", "migEnabled": True, "migDevices": "none", "healthy": False},
 )  # fmt: skip
-
-
-def _iso(seconds: float) -> str:
-    from datetime import UTC, datetime
-
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _health(rng: random.Random, count: int, mig: bool) -> str:
@@ -187,19 +191,6 @@ def pod(rng: random.Random, name: str, *, on: str | None = None, group: str | No
                      "resourceVersion": "1", "annotations": annotations},
         "spec": spec,
         "status": status,
-    }  # fmt: skip
-
-
-def lease(name: str, renewed: float | None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"holderIdentity": name, "leaseDurationSeconds": 900}
-    if renewed is not None:
-        spec["renewTime"] = _iso(renewed)
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {"name": name, "namespace": NAMESPACE,
-                     "labels": {contract.LEASE_LABEL: contract.LEASE_LABEL_VALUE}},
-        "spec": spec,
     }  # fmt: skip
 
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/apis/config"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/score"
 )
@@ -29,6 +30,7 @@ const Scale = 1_000_000
 
 // AZScheduler scores nodes by where the pod's placement group already runs.
 type AZScheduler struct {
+	facts.Signer
 	levels []string
 	nodes  func() ([]fwk.NodeInfo, error)
 }

@@ -51,7 +51,7 @@ func TestAMemoryLabelIsReadAsNodeAffinityReadsIt(t *testing.T) {
 		"99999999999999999999": -1} {
 		node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n",
 			Labels: map[string]string{contract.LabelGpuMemory: value}}}
-		if got := ReadNode(node, nil).MemoryMiB; got != want {
+		if got := ReadNode(node).MemoryMiB; got != want {
 			t.Errorf("%q: %d, want %d", value, got, want)
 		}
 	}

@@ -26,10 +26,8 @@ type Node struct {
 	Model        string
 	CapacityType string // "spot", "on-demand", or "" (no cloud's label: on-demand)
 	Zone         string
-	// Domains are (label key, value) of each topology level the node is labelled with.
-	Domains  [][2]string
-	Replicas int64
-	Health   *Health
+	Replicas     int64
+	Health       *Health
 	// Sharing: the agent's device plugin shares these GPUs (gpu-scheduler.io/gpu-sharing
 	// or allocatable gpu-scheduler.io/gpu-memory).
 	Sharing bool
@@ -52,8 +50,8 @@ func (n *Node) Unhealthy(managed bool) []string {
 	return n.Health.Unhealthy
 }
 
-// ReadNode reads a Node; levels are the topology labels whose values it keeps.
-func ReadNode(node *v1.Node, levels []string) *Node {
+// ReadNode reads a Node (Nodes.Of: once per resourceVersion).
+func ReadNode(node *v1.Node) *Node {
 	labels := node.Labels
 	out := &Node{Name: node.Name, MemoryMiB: -1, Replicas: 1}
 	if q, ok := node.Status.Allocatable[v1.ResourceName(contract.ResourceGpu)]; ok {
@@ -72,11 +70,6 @@ func ReadNode(node *v1.Node, levels []string) *Node {
 	out.Model = strings.TrimSuffix(out.Product, contract.SharedSuffix)
 	out.CapacityType = CapacityType(labels)
 	out.Zone = labels[contract.LabelZone]
-	for _, key := range levels {
-		if value := labels[key]; value != "" {
-			out.Domains = append(out.Domains, [2]string{key, value})
-		}
-	}
 	migSingle := out.Product != "" && strings.Contains(out.Product, contract.MigPart)
 	out.Health = ReadHealth(node.Annotations[contract.AnnGpus], out.Replicas, migSingle)
 	units := node.Status.Allocatable[v1.ResourceName(contract.ResourceGpuMemory)]
@@ -161,7 +154,7 @@ func (c *Cache) Of(node *v1.Node) *Node {
 			return got.facts
 		}
 	}
-	facts := ReadNode(node, nil)
+	facts := ReadNode(node)
 	if version != "" {
 		c.mu.Lock()
 		c.nodes[node.Name] = cached{version, facts}

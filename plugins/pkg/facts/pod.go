@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	v1 "k8s.io/api/core/v1"
 	resourcehelper "k8s.io/component-helpers/resource"
@@ -19,15 +20,45 @@ import (
 type Pod struct {
 	Gpus int64
 	// Shares: units of gpu-scheduler.io/gpu-memory asked, per container that asks.
-	Shares      []int64
-	MinMemory   int64 // MiB per GPU; -1: not asked
-	Products    map[string]bool
-	Placement   string
-	Spot        string
-	Group       string
-	Namespace   string
-	Error       string // the annotations it cannot honour: every node fails with it
-	Constrained bool   // it names products (the scarcity score leaves it alone)
+	Shares    []int64
+	MinMemory int64 // MiB per GPU; -1: not asked
+	Products  map[string]bool
+	// Placement is what the pod asks (binpack or spread), "" where it asks nothing:
+	// the configured default then applies (Spread).
+	Placement string
+	Spot      string
+	Group     string
+	Namespace string
+	Error     string // the annotations it cannot honour: every node fails with it
+}
+
+// Spread: the pod is spread, by its own word or, where it says nothing, by the
+// configured default.
+func (p *Pod) Spread(defaultPlacement string) bool {
+	if p.Placement == "" {
+		return defaultPlacement == "spread"
+	}
+	return p.Placement == "spread"
+}
+
+// The pod read last, by the object: kube-scheduler hands the same *v1.Pod to every
+// plugin's SignPod, PreFilter and PreScore of one cycle (an update is a new object),
+// so one reading serves the three plugins' six calls.
+var last atomic.Pointer[readPod]
+
+type readPod struct {
+	pod   *v1.Pod
+	facts *Pod
+}
+
+// PodOf is ReadPod of the pod, read once per object.
+func PodOf(pod *v1.Pod) *Pod {
+	if got := last.Load(); got != nil && got.pod == pod {
+		return got.facts
+	}
+	facts := ReadPod(pod)
+	last.Store(&readPod{pod, facts})
+	return facts
 }
 
 // GpuRequest is the pod's nvidia.com/gpu as kube-scheduler sums it (init containers,
@@ -38,8 +69,8 @@ func GpuRequest(pod *v1.Pod) int64 {
 	return q.Value()
 }
 
-// ReadPod reads a pod; defaultPlacement is the configured binpack or spread.
-func ReadPod(pod *v1.Pod, defaultPlacement string) *Pod {
+// ReadPod reads a pod (PodOf: once per object).
+func ReadPod(pod *v1.Pod) *Pod {
 	out := &Pod{Gpus: GpuRequest(pod), MinMemory: -1, Namespace: pod.Namespace}
 	for _, c := range pod.Spec.Containers {
 		if q, ok := c.Resources.Requests[v1.ResourceName(contract.ResourceGpuMemory)]; ok && q.Value() > 0 {
@@ -66,7 +97,6 @@ func ReadPod(pod *v1.Pod, defaultPlacement string) *Pod {
 				"most 63 characters", contract.AnnGpuProducts, pyRepr(raw), contract.MaxProducts))
 		default:
 			out.Products = products
-			out.Constrained = true
 		}
 	}
 	if raw, ok := ann[contract.AnnSpot]; ok {
@@ -77,7 +107,6 @@ func ReadPod(pod *v1.Pod, defaultPlacement string) *Pod {
 				contract.AnnSpot, pyRepr(raw)))
 		}
 	}
-	out.Placement = defaultPlacement
 	if raw, ok := ann[contract.AnnPlacement]; ok {
 		if slices.Contains(contract.Placements, raw) {
 			out.Placement = raw
@@ -200,6 +229,9 @@ func quote(s string) string {
 	return b.String()
 }
 
+// Signer, embedded in each plugin, gives it SignPod (sign.go; 1.34 has no batching).
+type Signer struct{}
+
 // SignKey names the batching signature fragment the plugins share (KEP-5598): pods
 // with equal fragments are decided alike by all three.
 const SignKey = "v1.Pod.Metadata.Annotations.GPUScheduler()"
@@ -208,7 +240,7 @@ const SignKey = "v1.Pod.Metadata.Annotations.GPUScheduler()"
 // NodeResourcesFit signs): the knobs in its annotations, and its namespace where it
 // names a placement group. JSON-marshallable, lists sorted.
 func Signature(pod *v1.Pod) any {
-	read := ReadPod(pod, "")
+	read := PodOf(pod)
 	namespace := ""
 	if read.Group != "" {
 		namespace = read.Namespace

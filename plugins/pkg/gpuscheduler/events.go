@@ -32,7 +32,7 @@ func (p *GPUScheduler) nodeChanged(_ klog.Logger, _ *v1.Pod, oldObj, newObj any)
 	if !ok || before == nil {
 		return fwk.Queue, nil // a new node
 	}
-	a, b := facts.ReadNode(after, nil), facts.ReadNode(before, nil)
+	a, b := facts.ReadNode(after), facts.ReadNode(before)
 	if a.Allocatable != b.Allocatable || a.Labelled != b.Labelled || a.MemoryMiB != b.MemoryMiB ||
 		a.Model != b.Model || healthOf(a) != healthOf(b) ||
 		after.Labels[contract.LabelGpuSharing] != before.Labels[contract.LabelGpuSharing] {

@@ -28,6 +28,7 @@ const stateKey fwk.StateKey = Name
 
 // GPUScheduler filters and scores nodes for GPU pods.
 type GPUScheduler struct {
+	facts.Signer
 	args       config.GPUSchedulerArgs
 	nodes      *facts.Cache
 	heartbeats *Heartbeats
@@ -65,7 +66,8 @@ func (p *GPUScheduler) Name() string { return Name }
 
 // state is what PreFilter reads of the pod, once per cycle.
 type state struct {
-	pod *facts.Pod
+	pod    *facts.Pod
+	spread bool // the pod's placement, or the configured default
 	// oldest: renewals before it are silent; zero: heartbeats do not filter now.
 	oldest time.Time
 	now    time.Time
@@ -75,7 +77,7 @@ func (s *state) Clone() fwk.StateData { return s }
 
 // PreFilter reads the pod; a pod without GPUs skips the rules.
 func (p *GPUScheduler) PreFilter(ctx context.Context, cs fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
-	s := &state{pod: facts.ReadPod(pod, p.args.DefaultPlacement), now: p.now()}
+	s := p.read(pod)
 	if s.pod.Error != "" {
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable,
 			"pod cannot be placed as asked: "+s.pod.Error)
@@ -136,6 +138,12 @@ func (p *GPUScheduler) fit(info fwk.NodeInfo) Fit {
 	return Fit{Node: p.nodes.Of(node), Managed: managed, Used: used}
 }
 
+// read is the cycle's state of a pod.
+func (p *GPUScheduler) read(pod *v1.Pod) *state {
+	read := facts.PodOf(pod)
+	return &state{pod: read, spread: read.Spread(p.args.DefaultPlacement), now: p.now()}
+}
+
 func read(cs fwk.CycleState) (*state, error) {
 	data, err := cs.Read(stateKey)
 	if err != nil {
@@ -152,7 +160,7 @@ func read(cs fwk.CycleState) (*state, error) {
 // without GPUs).
 func (p *GPUScheduler) PreScore(_ context.Context, cs fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
 	if _, err := cs.Read(stateKey); err != nil {
-		cs.Write(stateKey, &state{pod: facts.ReadPod(pod, p.args.DefaultPlacement), now: p.now()})
+		cs.Write(stateKey, p.read(pod))
 	}
 	return nil
 }
@@ -163,7 +171,7 @@ func (p *GPUScheduler) Score(_ context.Context, cs fwk.CycleState, _ *v1.Pod, in
 	if err != nil {
 		return 0, fwk.AsStatus(err)
 	}
-	return Raw(s.pod, p.fit(info)), nil
+	return Raw(s.pod, p.fit(info), s.spread), nil
 }
 
 // ScoreExtensions normalises.

@@ -92,14 +92,14 @@ func Unresolvable(code int) bool { return contract.GpuUnresolvable[code] }
 
 // Raw is the gpu score before normalisation (higher is better): binpack leaves the
 // fewest GPUs free, spread the most; a CPU pod prefers nodes without GPUs.
-func Raw(pod *facts.Pod, f Fit) int64 {
+func Raw(pod *facts.Pod, f Fit, spread bool) int64 {
 	switch {
 	case pod.Gpus == 0:
 		if f.Node.Allocatable > 0 || f.Node.Labelled {
 			return 0
 		}
 		return 1
-	case pod.Placement == "spread":
+	case spread:
 		return f.Free() - pod.Gpus
 	}
 	return pod.Gpus - f.Free()

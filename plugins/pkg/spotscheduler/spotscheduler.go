@@ -24,7 +24,7 @@ const Name = "SpotScheduler"
 const stateKey fwk.StateKey = Name
 
 // SpotScheduler filters on require/forbid and scores on prefer/avoid.
-type SpotScheduler struct{}
+type SpotScheduler struct{ facts.Signer }
 
 var (
 	_ fwk.PreFilterPlugin = &SpotScheduler{}
@@ -48,7 +48,7 @@ func (s preference) Clone() fwk.StateData { return s }
 // Preference is the pod's spot preference as the extender reads it ("" where its
 // annotation is unreadable: GPUScheduler refuses that pod with the reason).
 func Preference(pod *v1.Pod) string {
-	return facts.ReadPod(pod, "binpack").Spot
+	return facts.PodOf(pod).Spot
 }
 
 // Refuse is the spot rule: 0, or the code for the node under require/forbid.
