@@ -64,24 +64,59 @@ securityContext:
 system:serviceaccount:{{ .Release.Namespace }}:gpu-scheduler-agent
 {{- end }}
 
-{{/* kube-scheduler's image: the cluster's own version unless a tag is given
-(v1.34.4-eks-1a2b3c → v1.34.4), and never newer than the API server nor more than one
-minor older (Kubernetes' version-skew policy for kube-scheduler). */}}
-{{- define "gpu-scheduler.schedulerTag" -}}
-{{- $cluster := semver .Capabilities.KubeVersion.Version -}}
-{{- .Values.scheduler.image.tag | default (printf "v%d.%d.%d" $cluster.Major $cluster.Minor $cluster.Patch) -}}
+{{/* scheduler.path: extender (the official kube-scheduler asks our extender) or
+plugins (our kube-scheduler with the framework plugins compiled in, no extender;
+docs/concepts/paths.md). Anything else fails the install. */}}
+{{- define "gpu-scheduler.path" -}}
+{{- $path := .Values.scheduler.path -}}
+{{- if not (has $path (list "extender" "plugins")) -}}
+{{- fail (printf "scheduler.path must be extender (the official kube-scheduler and our extender) or plugins (our kube-scheduler with the framework plugins, no extender) (got %v)" $path) -}}
+{{- end -}}
+{{ $path }}
 {{- end }}
 
+{{/* The Kubernetes release each supported minor's plugins image is built from: what
+the release workflow pushes as gpu-scheduler-kube-scheduler:<v1.NN.P>-<version>
+(tools/k8s/build.sh --version 1.NN; tests/unit/test_chart_paths.py holds them equal). */}}
+{{- define "gpu-scheduler.pluginsReleases" -}}
+{{- dict "34" "v1.34.4" "35" "v1.35.4" "36" "v1.36.3" "37" "v1.37.2" | toJson -}}
+{{- end }}
+
+{{/* kube-scheduler's tag. Extender path: the cluster's own version unless a tag is
+given (v1.34.4-eks-1a2b3c → v1.34.4). Plugins path: the release's image for the
+cluster's minor, <v1.NN.P>-<appVersion>, unless scheduler.plugins.image.tag is given. */}}
+{{- define "gpu-scheduler.schedulerTag" -}}
+{{- $cluster := semver .Capabilities.KubeVersion.Version -}}
+{{- if eq (include "gpu-scheduler.path" .) "plugins" -}}
+{{- $release := get (include "gpu-scheduler.pluginsReleases" . | fromJson) (toString $cluster.Minor) -}}
+{{- if not (or .Values.scheduler.plugins.image.tag $release) -}}
+{{- fail (printf "no gpu-scheduler-kube-scheduler image is released for Kubernetes %s (the plugins path has one per minor, 1.34 to 1.37): set scheduler.plugins.image.tag" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- .Values.scheduler.plugins.image.tag | default (printf "%s-%s" $release .Chart.AppVersion) -}}
+{{- else -}}
+{{- .Values.scheduler.image.tag | default (printf "v%d.%d.%d" $cluster.Major $cluster.Minor $cluster.Patch) -}}
+{{- end -}}
+{{- end }}
+
+{{/* kube-scheduler's image (scheduler.image on the extender path,
+scheduler.plugins.image on the plugins path), never newer than the API server nor more
+than one minor older (Kubernetes' version-skew policy for kube-scheduler). */}}
 {{- define "gpu-scheduler.schedulerImage" -}}
 {{- $cluster := semver .Capabilities.KubeVersion.Version -}}
 {{- $tag := include "gpu-scheduler.schedulerTag" . -}}
+{{- $image := .Values.scheduler.image -}}
+{{- $value := "scheduler.image.tag" -}}
+{{- if eq (include "gpu-scheduler.path" .) "plugins" -}}
+{{- $image = .Values.scheduler.plugins.image -}}
+{{- $value = "scheduler.plugins.image.tag" -}}
+{{- end -}}
 {{- if not .Values.scheduler.image.skipVersionCheck -}}
 {{- $want := semver $tag -}}
 {{- if or (ne $want.Major $cluster.Major) (gt $want.Minor $cluster.Minor) (lt $want.Minor (sub $cluster.Minor 1)) -}}
-{{- fail (printf "scheduler.image.tag %s does not suit this cluster's Kubernetes %s: kube-scheduler must not be newer than its API server, and at most one minor older (leave the tag empty to follow the cluster, or set scheduler.image.skipVersionCheck)" $tag .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "%s %s does not suit this cluster's Kubernetes %s: kube-scheduler must not be newer than its API server, and at most one minor older (leave the tag empty to follow the cluster, or set scheduler.image.skipVersionCheck)" $value $tag .Capabilities.KubeVersion.Version) -}}
 {{- end -}}
 {{- end -}}
-{{ .Values.scheduler.image.repository }}:{{ $tag }}
+{{ $image.repository }}:{{ $tag }}
 {{- end }}
 
 {{/* nodeSelector, tolerations and affinity of a Deployment that may run in the node's

@@ -1,5 +1,16 @@
-{{/* deploy/scheduler/scheduler-config.yaml, with the release's namespace and TLS choice. */}}
+{{/* The KubeSchedulerConfiguration of scheduler.path: the extender's below, the
+plugins' in _plugins-config.tpl. */}}
 {{- define "gpu-scheduler.schedulerConfig" -}}
+{{- if eq (include "gpu-scheduler.path" .) "plugins" -}}
+{{ include "gpu-scheduler.pluginsSchedulerConfig" . }}
+{{- else -}}
+{{ include "gpu-scheduler.extenderSchedulerConfig" . }}
+{{- end -}}
+{{- end }}
+
+{{/* What both paths' configurations begin with: the client's limit, node sampling,
+the scheduler's own leader-election lease. */}}
+{{- define "gpu-scheduler.schedulerHead" -}}
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection:
@@ -10,6 +21,34 @@ leaderElection:
   leaderElect: true
   resourceName: gpu-scheduler
   resourceNamespace: {{ .Release.Namespace }}
+{{- end }}
+
+{{/* The built-in plugins' args both profiles carry (a pluginConfig list's items). */}}
+{{- define "gpu-scheduler.builtinPluginConfig" -}}
+- name: NodeResourcesFit
+  args:
+    scoringStrategy:
+      type: MostAllocated
+      resources:
+        - name: nvidia.com/gpu
+          weight: 5
+        - name: cpu
+          weight: 1
+        - name: memory
+          weight: 1
+- name: PodTopologySpread
+  args:
+    {{- if .Values.scheduler.profile.systemDefaultSpreading }}
+    defaultingType: System
+    {{- else }}
+    defaultingType: List
+    defaultConstraints: []
+    {{- end }}
+{{- end }}
+
+{{/* deploy/scheduler/scheduler-config.yaml, with the release's namespace and TLS choice. */}}
+{{- define "gpu-scheduler.extenderSchedulerConfig" -}}
+{{ include "gpu-scheduler.schedulerHead" . }}
 profiles:
   - schedulerName: gpu-scheduler
     {{- $scheduler := semver (include "gpu-scheduler.schedulerTag" .) }}
@@ -30,25 +69,7 @@ profiles:
       {{- end }}
     {{- end }}
     pluginConfig:
-      - name: NodeResourcesFit
-        args:
-          scoringStrategy:
-            type: MostAllocated
-            resources:
-              - name: nvidia.com/gpu
-                weight: 5
-              - name: cpu
-                weight: 1
-              - name: memory
-                weight: 1
-      - name: PodTopologySpread
-        args:
-          {{- if .Values.scheduler.profile.systemDefaultSpreading }}
-          defaultingType: System
-          {{- else }}
-          defaultingType: List
-          defaultConstraints: []
-          {{- end }}
+      {{- include "gpu-scheduler.builtinPluginConfig" . | nindent 6 }}
 extenders:
   - urlPrefix: {{ if .Values.extender.tls }}https{{ else }}http{{ end }}://gpu-scheduler-extender.{{ .Release.Namespace }}.svc:8888
     filterVerb: filter
