@@ -298,3 +298,35 @@ def test_our_kube_scheduler_runs_the_rendered_profile(binaries, tmp_path, minor,
     bad["profiles"][0]["pluginConfig"][0]["args"]["defaultPlacement"] = "pack"
     log = _starts(binary, bad, command[2:], tmp_path)
     assert "Starting Kubernetes Scheduler" not in log and "GPUScheduler" in log, log[-3000:]
+
+
+def test_the_documented_overlay_installs_the_plugins_path(binaries, tmp_path):
+    """docs/concepts/paths.md's overlay, as written but for the clone's place; and
+    without its last line, the newest minor's."""
+    import os
+    import re
+
+    _, kubectl = binaries
+    doc = (ROOT / "docs" / "concepts" / "paths.md").read_text()
+    block = re.search(r"```yaml\n(# kustomization.yaml: the plugins path.*?)```", doc, re.S)
+    assert block, "docs/concepts/paths.md: the plugins path's overlay"
+    overlay = yaml.safe_load(block[1])
+    clone = "../gpu-scheduler/"
+    for components, minor in ((overlay["components"], "1.34"), (overlay["components"][:1], None)):
+        folder = tmp_path / (minor or "newest")
+        folder.mkdir()
+        written = {
+            "resources": [
+                os.path.relpath(ROOT / r.removeprefix(clone), folder) for r in overlay["resources"]
+            ],
+            "components": [
+                os.path.relpath(ROOT / c.removeprefix(clone), folder) for c in components
+            ],
+        }
+        (folder / "kustomization.yaml").write_text(yaml.safe_dump(written))
+        out = _run(kubectl, "kubectl", "kustomize", str(folder))
+        docs = {_key(d): d for d in yaml.safe_load_all(out) if d}
+        release = _release(minor or supported_minors()[-1])
+        assert _container(docs)["image"] == f"{IMAGE}:{release}-{_version()}"
+        assert (ASYNC_OFF in _container(docs)["command"]) is (minor == "1.34")
+        assert ("Deployment", NAMESPACE, "gpu-scheduler-extender") not in docs
