@@ -127,6 +127,9 @@ class FragmentationPolicy(Policy):
         free, model = cols[FREE], cols[MODEL]
         fragmented = self._evaluator(state.mix, nodes.models)
         gain = fragmented((free, cpu, ram, model), (free - state.gpus, cpu_after, ram_after, model))
+        # to 9 decimals: the direct sum and the table add the same shares in other
+        # orders, and so does the GPUScheduler plugin; rounded, equal nodes rank alike
+        gain = np.round(gain, 9)
         if state.shares_weight:
             gain -= state.shares_weight * state.gpus * _excess_memory(cols)
         return gain

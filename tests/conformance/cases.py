@@ -35,8 +35,8 @@ from tests.fakeapi import synced_cache
 
 NOW = 1_800_000_000.0
 #: The policies the plugins hold: filters (gpu, spot, heartbeat) and scores (gpu,
-#: spot, group). scarcity and fragmentation are the extender's only, for now.
-SCORED = ("gpu", "spot", "group")
+#: scarcity and fragmentation in GPUScheduler, spot, group).
+SCORED = ("gpu", "scarcity", "fragmentation", "spot", "group")
 NAMESPACE = "gpu-scheduler"
 
 
@@ -53,6 +53,9 @@ PRODUCTS = (
 MEMORY = {"NVIDIA-H100-80GB-HBM3": 81559, "NVIDIA-A100-SXM4-40GB": 40960, "Tesla-T4": 15360,
           "NVIDIA-L40S": 46068}  # fmt: skip
 ZONES = ("zone-a", "zone-b", "zone-c")
+#: What pods ask beside their GPUs (the fragmentation score's shapes).
+CPU = ("1", "1", "4", "8", "500m", "12", "17", "1500m")
+RAM = ("1Gi", "1Gi", "16Gi", "64Gi", "100Gi", "3000Mi")
 #: Values a pod's annotations take: good ones, and ones the extender refuses to read.
 MIN_MEMORY = ("40Gi", "81920", "80G", "16000Mi", "20000", " 24Gi ", "lots", "-5Gi", "1e999999")
 SPOT = ("prefer", "avoid", "require", "forbid", "sometimes")
@@ -134,7 +137,10 @@ def node(rng: random.Random, name: str) -> dict[str, Any]:
     for level in contract.TOPOLOGY_LEVELS[:6]:
         if rng.random() < 0.2:
             labels[level] = f"{level.rsplit('/', 1)[-1]}-{rng.randrange(3)}"
-    allocatable = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+    allocatable = {"cpu": rng.choice(("32", "32", "16", "96")), "pods": "110",
+                   "memory": rng.choice(("256Gi", "256Gi", "64Gi", "1Ti"))}  # fmt: skip
+    if rng.random() < 0.05:
+        del allocatable["cpu"]
     if gpus and rng.random() < 0.95:
         allocatable[contract.RESOURCE_GPU] = str(gpus)
     return {
@@ -167,9 +173,13 @@ def pod(rng: random.Random, name: str, *, on: str | None = None, group: str | No
             annotations[contract.ANN_PLACEMENT] = rng.choice(
                 PLACEMENT[:2] * 8 + PLACEMENT[2:] + ODD_WORDS
             )
+    elif gpus and rng.random() < 0.3:  # placed pods restricted to products: pressure
+        picked = rng.sample(PRODUCTS[:4], rng.randrange(1, 3))
+        annotations[contract.ANN_GPU_PRODUCTS] = ",".join(picked)
     if group:
         annotations[contract.ANN_GROUP] = group
-    resources: dict[str, Any] = {"requests": {"cpu": "1", "memory": "1Gi"}}
+    cpu, memory = rng.choice(CPU), rng.choice(RAM)
+    resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
     if gpus:
         resources["requests"][contract.RESOURCE_GPU] = str(gpus)
         resources["limits"] = {contract.RESOURCE_GPU: str(gpus)}

@@ -151,7 +151,7 @@ def test_one_value_changes_both_paths(binaries):
     helm, _ = binaries
     values = (
         "--set-json",
-        'extender.config.weights={"gpu":7,"spot":3,"zone":20,"scarcity":15,"fragmentation":8}',
+        'extender.config.weights={"gpu":7,"spot":3,"zone":20,"scarcity":12,"fragmentation":6}',
         "--set", "extender.config.defaultPlacement=spread",
         "--set", "extender.config.heartbeatWindow=900",
         "--set-json", 'extender.config.groupLevels=["example.com/rack","kubernetes.io/zone"]',
@@ -167,22 +167,26 @@ def test_one_value_changes_both_paths(binaries):
     assert policies["defaultPlacement"] == "spread" and policies["heartbeatWindow"] == 900
     (profile,) = _scheduler_config(_template(helm, *PLUGINS, *values))["profiles"]
     weights = {p["name"]: p["weight"] for p in profile["plugins"]["multiPoint"]["enabled"]}
-    assert weights == {"SpotScheduler": 3, "GPUScheduler": 7, "AZScheduler": 20}
+    # GPUScheduler adds up gpu, scarcity and fragmentation: its weight is their sum
+    assert weights == {"SpotScheduler": 3, "GPUScheduler": 25, "AZScheduler": 20}
     assert profile["plugins"]["score"]["enabled"] == [{"name": "ImageLocality", "weight": 1}]
     args = {c["name"]: c["args"] for c in profile["pluginConfig"]}
     assert args["GPUScheduler"] == {
         "defaultPlacement": "spread", "heartbeatWindow": "900s", "namespace": NAMESPACE,
+        "weights": {"gpu": 7, "scarcity": 12, "fragmentation": 6},
     }  # fmt: skip
     assert args["AZScheduler"] == {"groupLevels": ["example.com/rack", "kubernetes.io/zone"]}
     assert args["PodTopologySpread"] == {"defaultingType": "System"}
 
     off = _template(
-        helm, *PLUGINS, "--set-json", 'extender.config.disabled=["spot","zone","heartbeat"]'
-    )
+        helm, *PLUGINS, "--set-json",
+        'extender.config.disabled=["spot","zone","heartbeat","scarcity"]',
+    )  # fmt: skip
     (profile,) = _scheduler_config(off)["profiles"]
-    assert [p["name"] for p in profile["plugins"]["multiPoint"]["enabled"]] == ["GPUScheduler"]
+    assert profile["plugins"]["multiPoint"]["enabled"] == [{"name": "GPUScheduler", "weight": 13}]
     args = {c["name"]: c["args"] for c in profile["pluginConfig"]}
     assert "AZScheduler" not in args and args["GPUScheduler"]["heartbeatWindow"] == "0s"
+    assert args["GPUScheduler"]["weights"] == {"gpu": 5, "scarcity": 0, "fragmentation": 8}
     elsewhere = _template(helm, *PLUGINS, "-n", "gpu-other")
     other = yaml.safe_load(
         elsewhere[("ConfigMap", "gpu-other", "gpu-scheduler-config")]["data"][

@@ -1,8 +1,8 @@
 {{/* deploy/scheduler/plugins/scheduler-config.yaml: the plugins path's profile. The
 plugins take the extender's settings (extender.config), so one value changes both
-paths: the weights gpu, spot and group (zone, its old name), defaultPlacement,
-heartbeatWindow, groupLevels; disabled drops SpotScheduler (spot), AZScheduler (group)
-or the heartbeat check (heartbeat); the agents' Leases are in the release's namespace. */}}
+paths: the weights gpu, scarcity, fragmentation, spot and group (zone, its old name), defaultPlacement,
+heartbeatWindow, groupLevels; disabled drops SpotScheduler (spot), AZScheduler (group),
+a score of GPUScheduler's (scarcity, fragmentation) or the heartbeat check (heartbeat); the agents' Leases are in the release's namespace. */}}
 {{- define "gpu-scheduler.pluginsSchedulerConfig" -}}
 {{- $config := .Values.extender.config -}}
 {{- $weights := $config.weights | default dict -}}
@@ -17,7 +17,16 @@ or the heartbeat check (heartbeat); the agents' Leases are in the release's name
 {{- if not (has "spot" $disabled) -}}
 {{- $enabled = append $enabled (dict "name" "SpotScheduler" "weight" (int (dig "spot" 5 $weights))) -}}
 {{- end -}}
-{{- $enabled = append $enabled (dict "name" "GPUScheduler" "weight" (int (dig "gpu" 5 $weights))) -}}
+{{- /* GPUScheduler adds up three of the extender's scores (gpu, scarcity,
+fragmentation) as their weighted mean: its weight in the profile is their sum. */ -}}
+{{- $parts := dict -}}
+{{- $sum := 0 -}}
+{{- range $name, $default := dict "gpu" 5 "scarcity" 15 "fragmentation" 8 -}}
+{{- $weight := ternary 0 (int (dig $name $default $weights)) (has $name $disabled) -}}
+{{- $_ := set $parts $name $weight -}}
+{{- $sum = add $sum $weight -}}
+{{- end -}}
+{{- $enabled = append $enabled (dict "name" "GPUScheduler" "weight" (max $sum 1)) -}}
 {{- $group := not (has "group" $disabled) -}}
 {{- if $group -}}
 {{- /* zone, where given, wins over group, as in the extender (it reads the keys in
@@ -33,7 +42,7 @@ order, and the chart writes them sorted). */ -}}
 {{- else if not (or (kindIs "string" $window) (kindIs "invalid" $window)) -}}
 {{- $window = printf "%vs" $window -}}
 {{- end -}}
-{{- $args := dict "defaultPlacement" ($config.defaultPlacement | default "binpack") "namespace" .Release.Namespace -}}
+{{- $args := dict "defaultPlacement" ($config.defaultPlacement | default "binpack") "namespace" .Release.Namespace "weights" $parts -}}
 {{- if not (kindIs "invalid" $window) -}}
 {{- $_ := set $args "heartbeatWindow" $window -}}
 {{- end -}}

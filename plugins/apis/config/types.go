@@ -4,6 +4,7 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -22,6 +23,20 @@ type GPUSchedulerArgs struct {
 	HeartbeatWindow *metav1.Duration `json:"heartbeatWindow,omitempty"`
 	// Namespace holds the agents' heartbeat Leases (the install's namespace).
 	Namespace string `json:"namespace,omitempty"`
+	// Weights of the scores GPUScheduler adds up, as the extender's weights of the same
+	// policies: gpu (binpack or spread), scarcity and fragmentation. A policy left out
+	// keeps the extender's default; 0 turns it off. The plugin's own weight in the
+	// profile is best their sum (the scores are their weighted mean).
+	Weights map[string]int64 `json:"weights,omitempty"`
+}
+
+// ScorePolicies are GPUScheduler's scores, in the order it adds them.
+var ScorePolicies = []string{"gpu", "scarcity", "fragmentation"}
+
+// DefaultWeights are the extender's default weights of GPUScheduler's scores.
+var DefaultWeights = map[string]int64{
+	"gpu": contract.WeightGpu, "scarcity": contract.WeightScarcity,
+	"fragmentation": contract.WeightFragmentation,
 }
 
 // AZSchedulerArgs are AZScheduler's pluginConfig args.
@@ -61,6 +76,17 @@ func DecodeGPUScheduler(obj runtime.Object) (GPUSchedulerArgs, error) {
 	if args.Namespace == "" {
 		args.Namespace = DefaultNamespace
 	}
+	weights := maps.Clone(DefaultWeights)
+	for name, weight := range args.Weights {
+		if _, known := weights[name]; !known {
+			return args, fmt.Errorf("GPUScheduler args: weights.%s: not one of %v", name, ScorePolicies)
+		}
+		if weight < 0 || weight > 1000 {
+			return args, fmt.Errorf("GPUScheduler args: weights.%s must be 0..1000", name)
+		}
+		weights[name] = weight
+	}
+	args.Weights = weights
 	return args, nil
 }
 

@@ -31,6 +31,8 @@ type Node struct {
 	// Sharing: the agent's device plugin shares these GPUs (gpu-scheduler.io/gpu-sharing
 	// or allocatable gpu-scheduler.io/gpu-memory).
 	Sharing bool
+	// Allocatable CPU (millicores) and memory (MiB); -1: not advertised.
+	CPUMilli, RAMMiB int64
 }
 
 // Usable is the GPUs a pod can be given: Allocatable, and on an agent-managed node no
@@ -53,7 +55,13 @@ func (n *Node) Unhealthy(managed bool) []string {
 // ReadNode reads a Node (Nodes.Of: once per resourceVersion).
 func ReadNode(node *v1.Node) *Node {
 	labels := node.Labels
-	out := &Node{Name: node.Name, MemoryMiB: -1, Replicas: 1}
+	out := &Node{Name: node.Name, MemoryMiB: -1, Replicas: 1, CPUMilli: -1, RAMMiB: -1}
+	if q, ok := node.Status.Allocatable[v1.ResourceCPU]; ok {
+		out.CPUMilli = Down(&q, 1000, 0)
+	}
+	if q, ok := node.Status.Allocatable[v1.ResourceMemory]; ok {
+		out.RAMMiB = Down(&q, 1, 20)
+	}
 	if q, ok := node.Status.Allocatable[v1.ResourceName(contract.ResourceGpu)]; ok {
 		out.Allocatable = min(max(q.Value(), 0), contract.MaxGpus)
 	}

@@ -5,6 +5,9 @@ import (
 	"math/big"
 	"regexp"
 	"strings"
+
+	inf "gopkg.in/inf.v0"
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // The extender's quantity grammar (gpu_scheduler/quantity.py): apimachinery's, bounded.
@@ -84,4 +87,23 @@ func abs(n int) int {
 		return -n
 	}
 	return n
+}
+
+// MaxResource clamps CPU (millicores) and memory (MiB) figures, as the extender does.
+const MaxResource = 1 << 40
+
+// Down is q x factor rounded down, shifted right by shift bits, within 0..MaxResource:
+// CPU as millicores (1000, 0) and memory as MiB (1, 20), as the extender reads them.
+func Down(q *resource.Quantity, factor int64, shift uint) int64 {
+	d := new(inf.Dec).Mul(q.AsDec(), inf.NewDec(factor, 0))
+	d.Round(d, 0, inf.RoundDown)
+	n := d.UnscaledBig()
+	if n.Sign() <= 0 {
+		return 0
+	}
+	n.Rsh(n, shift)
+	if !n.IsInt64() || n.Int64() > MaxResource {
+		return MaxResource
+	}
+	return n.Int64()
 }

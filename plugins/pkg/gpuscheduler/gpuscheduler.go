@@ -18,7 +18,7 @@ import (
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
-	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/score"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/workload"
 )
 
 // Name is the plugin's name in a scheduler profile.
@@ -33,6 +33,10 @@ type GPUScheduler struct {
 	nodes      *facts.Cache
 	heartbeats *Heartbeats
 	now        func() time.Time
+	// all lists every node of the cycle's snapshot (the cluster's figures).
+	all     func() ([]fwk.NodeInfo, error)
+	cluster *workload.Cluster
+	frag    *workload.Fragmentation // the last mix's measure
 }
 
 var (
@@ -50,6 +54,9 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 		return nil, err
 	}
 	p := NewWith(args, NewHeartbeats(), time.Now)
+	if handle != nil {
+		p.all = func() ([]fwk.NodeInfo, error) { return handle.SnapshotSharedLister().NodeInfos().List() }
+	}
 	if args.HeartbeatWindow.Duration > 0 && handle != nil && handle.ClientSet() != nil {
 		p.heartbeats.WatchLeases(handle.ClientSet(), args.Namespace, ctx.Done())
 	}
@@ -58,7 +65,18 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 
 // NewWith builds the plugin over given heartbeats and clock (tests, the conformance suite).
 func NewWith(args config.GPUSchedulerArgs, heartbeats *Heartbeats, now func() time.Time) *GPUScheduler {
-	return &GPUScheduler{args: args, nodes: facts.Nodes, heartbeats: heartbeats, now: now}
+	if args.Weights == nil {
+		args.Weights = config.DefaultWeights
+	}
+	return &GPUScheduler{args: args, nodes: facts.Nodes, heartbeats: heartbeats, now: now,
+		cluster: workload.NewCluster(facts.Nodes.Of)}
+}
+
+// OverNodes makes the plugin read the cluster's figures from the given list of every
+// node (tests, the conformance suite; New reads kube-scheduler's snapshot).
+func (p *GPUScheduler) OverNodes(all func() ([]fwk.NodeInfo, error)) *GPUScheduler {
+	p.all = all
+	return p
 }
 
 // Name is the plugin's name.
@@ -154,31 +172,4 @@ func read(cs fwk.CycleState) (*state, error) {
 		return nil, fmt.Errorf("%s: the cycle's state is %T", Name, data)
 	}
 	return s, nil
-}
-
-// PreScore: every pod that passed PreFilter is scored (a CPU pod prefers nodes
-// without GPUs).
-func (p *GPUScheduler) PreScore(_ context.Context, cs fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
-	if _, err := cs.Read(stateKey); err != nil {
-		cs.Write(stateKey, p.read(pod))
-	}
-	return nil
-}
-
-// Score is the gpu rule's raw score (NormalizeScore stretches it over the nodes).
-func (p *GPUScheduler) Score(_ context.Context, cs fwk.CycleState, _ *v1.Pod, info fwk.NodeInfo) (int64, *fwk.Status) {
-	s, err := read(cs)
-	if err != nil {
-		return 0, fwk.AsStatus(err)
-	}
-	return Raw(s.pod, p.fit(info), s.spread), nil
-}
-
-// ScoreExtensions normalises.
-func (p *GPUScheduler) ScoreExtensions() fwk.ScoreExtensions { return p }
-
-// NormalizeScore stretches the raw scores min-max onto 0..MaxNodeScore.
-func (p *GPUScheduler) NormalizeScore(_ context.Context, _ fwk.CycleState, _ *v1.Pod, scores fwk.NodeScoreList) *fwk.Status {
-	score.NormaliseList(scores)
-	return nil
 }

@@ -34,3 +34,24 @@ func NormaliseList(scores fwk.NodeScoreList) {
 		scores[i].Score = s
 	}
 }
+
+// Stretch is the extender's normalisation of one policy's scores onto 0..10 (floats):
+// min-max over the nodes, every node 10 where all are alike.
+func Stretch(raw []float64) []float64 {
+	out := make([]float64, len(raw))
+	if len(raw) == 0 {
+		return out
+	}
+	low, high := raw[0], raw[0]
+	for _, r := range raw {
+		low, high = min(low, r), max(high, r)
+	}
+	for i, r := range raw {
+		if high == low {
+			out[i] = 10
+		} else {
+			out[i] = (r - low) * (10 / (high - low))
+		}
+	}
+	return out
+}

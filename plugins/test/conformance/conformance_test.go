@@ -143,7 +143,9 @@ func build(now time.Time, w *world) plugins {
 	for _, name := range p.order {
 		all = append(all, p.infos[name])
 	}
-	p.group = azscheduler.NewWith(contract.TopologyLevels, func() ([]fwk.NodeInfo, error) { return all, nil })
+	list := func() ([]fwk.NodeInfo, error) { return all, nil }
+	p.group = azscheduler.NewWith(contract.TopologyLevels, list)
+	p.gpu.OverNodes(list)
 	return p
 }
 
@@ -208,15 +210,16 @@ func scoreProblems(ctx context.Context, p plugins, state fwk.CycleState, pod *v1
 		Score(context.Context, fwk.CycleState, *v1.Pod, fwk.NodeInfo) (int64, *fwk.Status)
 		ScoreExtensions() fwk.ScoreExtensions
 	}
-	for policy, plugin := range map[string]scorer{"gpu": p.gpu, "spot": p.spot, "group": p.group} {
+	if len(fits) == 0 {
+		return nil
+	}
+	infos := make([]fwk.NodeInfo, len(fits))
+	for i, name := range fits {
+		infos[i] = p.infos[name]
+	}
+	problems = append(problems, gpuScoreProblems(ctx, p, state, pod, infos, want)...)
+	for policy, plugin := range map[string]scorer{"spot": p.spot, "group": p.group} {
 		expected, scored := want[policy]
-		if len(fits) == 0 {
-			continue
-		}
-		infos := make([]fwk.NodeInfo, len(fits))
-		for i, name := range fits {
-			infos[i] = p.infos[name]
-		}
 		status := plugin.PreScore(ctx, state, pod, infos)
 		if status.IsSkip() && scored && allTop(expected) {
 			continue // skipped where every node would score the same: no ranking changes
@@ -245,6 +248,33 @@ func scoreProblems(ctx context.Context, p plugins, state fwk.CycleState, pod *v1
 		}
 	}
 	sort.Strings(problems)
+	return problems
+}
+
+// gpuScoreProblems: GPUScheduler's parts (gpu, scarcity, fragmentation), each on
+// 0..10 as the extender's engine gives it, within 1/100.
+func gpuScoreProblems(ctx context.Context, p plugins, state fwk.CycleState, pod *v1.Pod, infos []fwk.NodeInfo, want map[string]map[string]float64) []string {
+	if status := p.gpu.PreScore(ctx, state, pod, infos); !status.IsSuccess() {
+		return []string{fmt.Sprintf("gpu PreScore: %v", status)}
+	}
+	scored := gpuscheduler.ScoresOf(state)
+	var problems []string
+	for _, policy := range config.ScorePolicies {
+		expected, ok := want[policy]
+		part, has := scored.Parts[policy]
+		if ok != has {
+			problems = append(problems, fmt.Sprintf("%s score: plugins score %v, extender scores %v", policy, has, ok))
+		}
+		if !ok || !has {
+			continue
+		}
+		for i, name := range scored.Nodes {
+			if math.Abs(part[i]-expected[name]) > 0.01 {
+				problems = append(problems, fmt.Sprintf("%s score on %s: plugins %.4f/10, extender %.4f/10",
+					policy, name, part[i], expected[name]))
+			}
+		}
+	}
 	return problems
 }
 

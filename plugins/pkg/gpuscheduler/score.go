@@ -1,0 +1,170 @@
+package gpuscheduler
+
+import (
+	"context"
+	"math"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/apis/config"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/score"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/workload"
+)
+
+const scoredKey fwk.StateKey = Name + "/scores"
+
+// Scored is one cycle's scores over the nodes that fit: each policy's 0..10 score (as
+// the extender's engine gives it; absent: the policy had nothing to say about this
+// pod) and their weighted mean on 0..MaxNodeScore, which Score answers.
+type Scored struct {
+	Nodes []string
+	Parts map[string][]float64
+	Total []float64
+	index map[string]int
+}
+
+func (s *Scored) Clone() fwk.StateData { return s }
+
+// ScoresOf is the cycle's scores (nil before PreScore).
+func ScoresOf(cs fwk.CycleState) *Scored {
+	data, err := cs.Read(scoredKey)
+	if err != nil {
+		return nil
+	}
+	s, _ := data.(*Scored)
+	return s
+}
+
+// PreScore scores every node that fits at once: the gpu score (binpack or spread) is
+// stretched over them, and for a GPU pod the scarcity and fragmentation scores read
+// the cluster's figures (extender/policies/scarcity.py, fragmentation.py). Every pod
+// that passed PreFilter is scored (a CPU pod prefers nodes without GPUs).
+func (p *GPUScheduler) PreScore(_ context.Context, cs fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
+	s, err := read(cs)
+	if err != nil {
+		s = p.read(pod)
+		cs.Write(stateKey, s)
+	}
+	out := &Scored{Nodes: make([]string, 0, len(nodes)), Parts: map[string][]float64{}, index: map[string]int{}}
+	fits := make([]Fit, 0, len(nodes))
+	for _, info := range nodes {
+		if node := info.Node(); node != nil {
+			out.index[node.Name] = len(out.Nodes)
+			out.Nodes = append(out.Nodes, node.Name)
+			fits = append(fits, p.fit(info))
+		}
+	}
+	weights := p.args.Weights
+	if weights["gpu"] > 0 {
+		raw := make([]float64, len(fits))
+		for i, fit := range fits {
+			raw[i] = float64(Raw(s.pod, fit, s.spread))
+		}
+		out.Parts["gpu"] = score.Stretch(raw)
+	}
+	if s.pod.Gpus > 0 && (weights["scarcity"] > 0 || weights["fragmentation"] > 0) && p.all != nil {
+		all, err := p.all()
+		if err != nil {
+			return fwk.AsStatus(err)
+		}
+		figures := p.cluster.Update(all)
+		if weights["scarcity"] > 0 && s.pod.Products == nil {
+			if part := scarcity(figures.Pressure, fits); part != nil {
+				out.Parts["scarcity"] = part
+			}
+		}
+		if weights["fragmentation"] > 0 && len(figures.Mix) > 0 {
+			out.Parts["fragmentation"] = score.Stretch(p.fragmentation(pod, figures.Mix, fits))
+		}
+	}
+	out.Total = total(out.Parts, weights, len(fits))
+	cs.Write(scoredKey, out)
+	return nil
+}
+
+// scarcity scores each node (1 - min(1, its model's pressure))^2 on 0..10, absolute: a
+// model the restricted pods need much of is left to them (nil: no pressure anywhere).
+func scarcity(pressure map[string]float64, fits []Fit) []float64 {
+	top := 0.0
+	for _, value := range pressure {
+		top = max(top, value)
+	}
+	if top <= 0 {
+		return nil
+	}
+	out := make([]float64, len(fits))
+	for i, fit := range fits {
+		value := 1.0 // a model nobody is restricted to, or none known
+		if pressed, ok := pressure[fit.Node.Model]; ok && fit.Node.Model != "" {
+			left := 1 - min(1, pressed)
+			value = left * left
+		}
+		out[i] = 10 * value
+	}
+	return out
+}
+
+// fragmentation is each node's fragmentation gain for the pod, over the mix.
+func (p *GPUScheduler) fragmentation(pod *v1.Pod, mix workload.Mix, fits []Fit) []float64 {
+	if p.frag == nil || &p.frag.Mix()[0] != &mix[0] {
+		p.frag = workload.NewFragmentation(mix)
+	}
+	gpus := facts.GpuRequest(pod)
+	cpu, ram := workload.Requests(pod)
+	out := make([]float64, len(fits))
+	for i, fit := range fits {
+		used, usedRAM := p.cluster.Used(fit.Node.Name)
+		state := workload.State{Free: fit.Free(), CPUMilli: workload.Unlimited, RAMMiB: workload.Unlimited, Model: fit.Node.Model}
+		if fit.Node.CPUMilli >= 0 {
+			state.CPUMilli = fit.Node.CPUMilli - used
+		}
+		if fit.Node.RAMMiB >= 0 {
+			state.RAMMiB = fit.Node.RAMMiB - usedRAM
+		}
+		out[i] = p.frag.Gain(state, gpus, cpu, ram)
+	}
+	return out
+}
+
+// total is the policies' weighted mean on 0..MaxNodeScore; a policy that had nothing
+// to say counts 0 everywhere (its weight still divides: the mean is each part's share
+// of the plugin's weight in the profile, as the extender's parts are of its own).
+func total(parts map[string][]float64, weights map[string]int64, n int) []float64 {
+	out := make([]float64, n)
+	var sum int64
+	for _, name := range config.ScorePolicies {
+		sum += weights[name]
+	}
+	if sum == 0 {
+		return out
+	}
+	for _, name := range config.ScorePolicies {
+		part, w := parts[name], float64(weights[name])
+		for i := range part {
+			out[i] += w * part[i]
+		}
+	}
+	scale := float64(fwk.MaxNodeScore) / 10 / float64(sum)
+	for i := range out {
+		out[i] *= scale
+	}
+	return out
+}
+
+// Score answers the node's weighted mean from PreScore.
+func (p *GPUScheduler) Score(_ context.Context, cs fwk.CycleState, _ *v1.Pod, info fwk.NodeInfo) (int64, *fwk.Status) {
+	s := ScoresOf(cs)
+	node := info.Node()
+	if s == nil || node == nil {
+		return 0, nil
+	}
+	if i, ok := s.index[node.Name]; ok {
+		return int64(math.Round(s.Total[i])), nil
+	}
+	return 0, nil
+}
+
+// ScoreExtensions: the scores are already on 0..MaxNodeScore.
+func (p *GPUScheduler) ScoreExtensions() fwk.ScoreExtensions { return nil }

@@ -1,0 +1,176 @@
+package workload
+
+import (
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+	resourcehelper "k8s.io/component-helpers/resource"
+
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
+)
+
+// Placed is what one node's GPU pods add to the cluster's figures: their GPUs, the
+// CPU and memory beside them, their shapes, and their demand restricted to products.
+type Placed struct {
+	Model     string // the node's GPU model ("" : unknown)
+	Allocated int64  // its allocatable GPUs, counted in its model's capacity
+	CPUMilli  int64  // requested by its GPU pods
+	RAMMiB    int64
+	Shapes    []Shape
+	// Demand, in GPUs, of its pods restricted to products (each pod's GPUs split evenly
+	// over its products), and of all its GPU pods.
+	Demand      map[string]float64
+	DemandTotal float64
+}
+
+// Requests is a pod's CPU (millicores) and memory (MiB) as kube-scheduler sums them,
+// each rounded down and clamped, as the extender reads them.
+func Requests(pod *v1.Pod) (int64, int64) {
+	requests := resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{})
+	cpu, ram := requests[v1.ResourceCPU], requests[v1.ResourceMemory]
+	return facts.Down(&cpu, 1000, 0), facts.Down(&ram, 1, 20)
+}
+
+// Read is a node's Placed, from its facts and its pods.
+func Read(node *facts.Node, pods []fwk.PodInfo) *Placed {
+	out := &Placed{Model: node.Model, Allocated: node.Allocatable}
+	for _, info := range pods {
+		pod := info.GetPod()
+		gpus := facts.GpuRequest(pod)
+		if gpus <= 0 {
+			continue
+		}
+		cpu, ram := Requests(pod)
+		out.CPUMilli += cpu
+		out.RAMMiB += ram
+		read := facts.ReadPod(pod)
+		products := facts.SortedProducts(read.Products)
+		out.Shapes = append(out.Shapes, ShapeOf(gpus, cpu, ram, products))
+		out.DemandTotal += float64(gpus)
+		for _, product := range products {
+			if out.Demand == nil {
+				out.Demand = map[string]float64{}
+			}
+			out.Demand[product] += float64(gpus) / float64(len(products))
+		}
+	}
+	return out
+}
+
+type seen struct {
+	info       fwk.NodeInfo
+	generation int64
+	placed     *Placed
+	epoch      uint64
+}
+
+// Cluster keeps the cluster's figures from kube-scheduler's snapshot: each node's
+// Placed is read again only when its NodeInfo's generation moved, and the totals are
+// kept by adding and taking away what changed.
+type Cluster struct {
+	mu       sync.Mutex
+	read     func(*v1.Node) *facts.Node
+	byName   map[string]*seen
+	list     []*seen // by position in the last list given
+	epoch    uint64
+	counts   *Counts
+	capacity map[string]int64
+	demand   map[string]float64
+	total    float64
+	pressure map[string]float64
+	dirty    bool
+}
+
+// NewCluster keeps figures over nodes read by read (facts.Nodes.Of).
+func NewCluster(read func(*v1.Node) *facts.Node) *Cluster {
+	return &Cluster{read: read, byName: map[string]*seen{}, counts: NewCounts(),
+		capacity: map[string]int64{}, demand: map[string]float64{}}
+}
+
+// Figures is what the scores read of the cluster at one moment.
+type Figures struct {
+	Mix      Mix
+	Pressure map[string]float64
+}
+
+// Update brings the figures to the given nodes (every node of the snapshot) and
+// answers them.
+func (c *Cluster) Update(nodes []fwk.NodeInfo) Figures {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.epoch++
+	if len(c.list) != len(nodes) {
+		c.list = make([]*seen, len(nodes))
+	}
+	for i, info := range nodes {
+		s := c.list[i]
+		if s == nil || s.info != info {
+			node := info.Node()
+			if node == nil {
+				continue
+			}
+			s = c.byName[node.Name]
+			if s == nil {
+				s = &seen{generation: -1}
+				c.byName[node.Name] = s
+			}
+			s.info, c.list[i] = info, s
+		}
+		s.epoch = c.epoch
+		if generation := info.GetGeneration(); generation != s.generation {
+			s.generation = generation
+			c.account(s.placed, -1)
+			s.placed = Read(c.read(info.Node()), info.GetPods())
+			c.account(s.placed, 1)
+		}
+	}
+	if len(c.byName) > len(nodes) {
+		for name, s := range c.byName {
+			if s.epoch != c.epoch {
+				c.account(s.placed, -1)
+				delete(c.byName, name)
+			}
+		}
+	}
+	if c.dirty {
+		c.pressure, c.dirty = Pressure(c.demand, c.total, c.capacity), false
+	}
+	return Figures{Mix: c.counts.Mix(), Pressure: c.pressure}
+}
+
+// Used is the CPU (millicores) and memory (MiB) a node's GPU pods request, as of the
+// last Update.
+func (c *Cluster) Used(node string) (int64, int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := c.byName[node]; s != nil && s.placed != nil {
+		return s.placed.CPUMilli, s.placed.RAMMiB
+	}
+	return 0, 0
+}
+
+func (c *Cluster) account(p *Placed, sign int64) {
+	if p == nil {
+		return
+	}
+	c.dirty = true
+	if p.Model != "" && p.Allocated > 0 {
+		if left := c.capacity[p.Model] + sign*p.Allocated; left > 0 {
+			c.capacity[p.Model] = left
+		} else {
+			delete(c.capacity, p.Model)
+		}
+	}
+	for _, shape := range p.Shapes {
+		c.counts.Add(shape, sign)
+	}
+	c.total += float64(sign) * p.DemandTotal
+	for product, demand := range p.Demand {
+		if share := c.demand[product] + float64(sign)*demand; share > 1e-9 {
+			c.demand[product] = share
+		} else {
+			delete(c.demand, product)
+		}
+	}
+}

@@ -1,0 +1,114 @@
+package workload
+
+import (
+	"math"
+	"testing"
+)
+
+func TestShapeOfRoundsUpOnTheExtendersGrid(t *testing.T) {
+	for _, c := range []struct {
+		cpu, ram, wantCPU, wantRAM int64
+	}{
+		{1, 1, 1000, 4096},
+		{1000, 4096, 1000, 4096},
+		{16000, 65536, 16000, 65536},
+		{16001, 65537, 20000, 81920},
+		{0, 0, 0, 0},
+	} {
+		got := ShapeOf(2, c.cpu, c.ram, nil)
+		if got.CPUMilli != c.wantCPU || got.RAMMiB != c.wantRAM {
+			t.Errorf("ShapeOf(%d, %d) = %+v, want %d, %d", c.cpu, c.ram, got, c.wantCPU, c.wantRAM)
+		}
+	}
+	if got := ShapeOf(1, 0, 0, []string{"b", "a"}).Products; got != "a,b" {
+		t.Errorf("products %q, want sorted a,b", got)
+	}
+}
+
+// One 8-GPU pod among 1-GPU pods: multi-GPU pods ask 8 of 12 GPUs, so the power is 1
+// and the 8-GPU shape weighs as eight 1-GPU pods; a restricted shape weighs its pods.
+func TestMixWeighsByPodsAndGpus(t *testing.T) {
+	one, eight := ShapeOf(1, 1000, 4096, nil), ShapeOf(8, 1000, 4096, nil)
+	restricted := ShapeOf(1, 1000, 4096, []string{"Tesla-T4"})
+	mix := MixOf(map[Shape]int64{one: 3, eight: 1, restricted: 1})
+	shares := map[Shape]float64{}
+	sum := 0.0
+	for _, e := range mix {
+		shares[e.Shape] = e.Share
+		sum += e.Share
+	}
+	if math.Abs(sum-1) > 1e-12 {
+		t.Fatalf("shares sum to %v", sum)
+	}
+	if mix[0].Shape != eight {
+		t.Errorf("heaviest first: %+v", mix)
+	}
+	// restricted: 1/5 of the pods; the rest (4/5) split 3:8 between one and eight
+	want := map[Shape]float64{restricted: 0.2, one: 0.8 * 3 / 11, eight: 0.8 * 8 / 11}
+	for shape, w := range want {
+		if math.Abs(shares[shape]-w) > 1e-9 {
+			t.Errorf("%+v: share %v, want %v", shape, shares[shape], w)
+		}
+	}
+}
+
+func TestCountsKeepTheMixUntilOnePercentMoved(t *testing.T) {
+	c := NewCounts()
+	one := ShapeOf(1, 1000, 4096, nil)
+	c.Add(one, 200)
+	first := c.Mix()
+	c.Add(one, 1) // 1 of 201 pods moved: the same mix
+	if &c.Mix()[0] != &first[0] {
+		t.Error("the mix was worked out again after 0.5% of the pods moved")
+	}
+	c.Add(one, 2) // 3 of 203: past 1%
+	if &c.Mix()[0] == &first[0] {
+		t.Error("the mix was kept after 1.5% of the pods moved")
+	}
+	again := c.Mix()
+	c.Add(ShapeOf(2, 1000, 4096, nil), 1) // a new shape: at once
+	if &c.Mix()[0] == &again[0] {
+		t.Error("a new shape did not change the mix")
+	}
+}
+
+func TestFragmentation(t *testing.T) {
+	mix := MixOf(map[Shape]int64{ShapeOf(4, 1000, 4096, nil): 1, ShapeOf(1, 1000, 4096, nil): 1})
+	f := NewFragmentation(mix)
+	four := 0.0
+	for _, e := range mix {
+		if e.Shape.Gpus == 4 {
+			four = e.Share
+		}
+	}
+	node := State{Free: 4, CPUMilli: 8000, RAMMiB: 1 << 20, Model: "A"}
+	if got := f.F(node); got != 0 {
+		t.Errorf("4 free GPUs fit every shape: F = %v", got)
+	}
+	three := State{Free: 3, CPUMilli: 8000, RAMMiB: 1 << 20, Model: "A"}
+	if got, want := f.F(three), 3*four; math.Abs(got-want) > 1e-12 {
+		t.Errorf("3 free GPUs: F = %v, want %v", got, want)
+	}
+	starved := State{Free: 4, CPUMilli: 500, RAMMiB: 1 << 20, Model: "A"}
+	if got := f.F(starved); got != 4 {
+		t.Errorf("no CPU beside the GPUs: F = %v, want 4", got)
+	}
+	// Taking the last GPU leaves nothing to fragment; taking one of four breaks a 4.
+	if last, one := f.Gain(State{1, 8000, 1 << 20, "A"}, 1, 1000, 0), f.Gain(node, 1, 1000, 0); last <= one {
+		t.Errorf("gain of the last GPU %v not above breaking four %v", last, one)
+	}
+	restricted := NewFragmentation(MixOf(map[Shape]int64{ShapeOf(1, 0, 0, []string{"B"}): 1}))
+	if got := restricted.F(State{Free: 2, Model: "A", CPUMilli: Unlimited, RAMMiB: Unlimited}); got != 2 {
+		t.Errorf("a model no shape may use is all fragmented: F = %v", got)
+	}
+}
+
+func TestPressure(t *testing.T) {
+	got := Pressure(map[string]float64{"T4": 3}, 6, map[string]int64{"T4": 4, "A100": 12})
+	if math.Abs(got["T4"]-2) > 1e-12 || got["A100"] != 0 {
+		t.Errorf("pressure %v, want T4 2 (half the demand on a quarter of the GPUs), A100 0", got)
+	}
+	if Pressure(nil, 0, map[string]int64{"T4": 1}) != nil {
+		t.Error("pressure without demand")
+	}
+}
