@@ -50,31 +50,50 @@ func gpuPod(name string, gpus int64) *v1.Pod {
 	}
 }
 
-// BenchmarkCycle: one pod's cycle over 500 nodes, 230 of them scored (kube-scheduler's
-// adaptive share at 500 nodes).
+// BenchmarkCycle: one pod's cycle over 500 and 5,000 nodes, of which kube-scheduler's
+// adaptive share scores 230 and 500; one node changes between cycles (the pod the
+// last cycle assumed), as in a run that places pod after pod. scores=gpu: GPUScheduler
+// with its gpu score alone (what scarcity and fragmentation cost is the difference).
 func BenchmarkCycle(b *testing.B) {
-	infos := make([]fwk.NodeInfo, 500)
+	for _, size := range []struct{ nodes, scored int }{{500, 230}, {5000, 500}} {
+		for _, weights := range []map[string]int64{nil, {"gpu": 5}} {
+			name := fmt.Sprintf("nodes=%d/scores=all", size.nodes)
+			if weights != nil {
+				name = fmt.Sprintf("nodes=%d/scores=gpu", size.nodes)
+			}
+			b.Run(name, func(b *testing.B) { cycle(b, size.nodes, size.scored, weights) })
+		}
+	}
+}
+
+func cycle(b *testing.B, nodes, scored int, weights map[string]int64) {
+	infos := make([]fwk.NodeInfo, nodes)
 	for i := range infos {
 		info := framework.NewNodeInfo(gpuPod(fmt.Sprintf("p-%d", i), int64(i%4)))
 		info.SetNode(node(i))
 		infos[i] = info
 	}
+	list := func() ([]fwk.NodeInfo, error) { return infos, nil }
 	args := config.GPUSchedulerArgs{DefaultPlacement: "binpack", Namespace: "gpu-scheduler",
-		HeartbeatWindow: &metav1.Duration{Duration: 15 * time.Minute}}
-	gpu := gpuscheduler.NewWith(args, gpuscheduler.NewHeartbeats(), time.Now)
+		HeartbeatWindow: &metav1.Duration{Duration: 15 * time.Minute}, Weights: weights}
+	gpu := gpuscheduler.NewWith(args, gpuscheduler.NewHeartbeats(), time.Now).OverNodes(list)
 	spot := &spotscheduler.SpotScheduler{}
-	az := azscheduler.NewWith(contract.TopologyLevels, func() ([]fwk.NodeInfo, error) { return infos, nil })
+	az := azscheduler.NewWith(contract.TopologyLevels, list)
 	pod := gpuPod("new", 2)
 	ctx := context.Background()
 	b.ReportAllocs()
+	turn := 0
 	for b.Loop() {
+		turn++
+		changed := infos[turn%nodes].(*framework.NodeInfo)
+		changed.SetNode(changed.Node()) // a new generation, as an assumed pod gives it
 		state := framework.NewCycleState()
 		spot.PreFilter(ctx, state, pod, nil)
 		gpu.PreFilter(ctx, state, pod, nil)
 		for _, info := range infos {
 			gpu.Filter(ctx, state, pod, info)
 		}
-		scored := infos[:230]
+		scored := infos[:scored]
 		for _, plugin := range []interface {
 			PreScore(context.Context, fwk.CycleState, *v1.Pod, []fwk.NodeInfo) *fwk.Status
 			Score(context.Context, fwk.CycleState, *v1.Pod, fwk.NodeInfo) (int64, *fwk.Status)
@@ -88,7 +107,9 @@ func BenchmarkCycle(b *testing.B) {
 				list[i].Name = info.Node().Name
 				list[i].Score, _ = plugin.Score(ctx, state, pod, info)
 			}
-			plugin.ScoreExtensions().NormalizeScore(ctx, state, pod, list)
+			if ext := plugin.ScoreExtensions(); ext != nil {
+				ext.NormalizeScore(ctx, state, pod, list)
+			}
 		}
 	}
 }
