@@ -49,6 +49,25 @@ MAX_MESSAGE = 1024
 
 
 @dataclass(frozen=True, slots=True)
+class Voice:
+    """Who scored, in the message's words: the extender, or the plugins path's plugins
+    (plugins/pkg/explain renders the same message in Go, word for word)."""
+
+    score: str = "extender score"
+    whose: str = "the extender's"
+    who: str = "The extender"
+    others: str = "kube-scheduler's own plugins"
+    filters: str = "kube-scheduler's own filters"
+
+
+EXTENDER = Voice()
+PLUGINS = Voice(
+    "gpu-scheduler score", "gpu-scheduler's", "gpu-scheduler", "kube-scheduler's other plugins",
+    "kube-scheduler's filters",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
 class Candidate:
     node: str
     score: int  # what the extender answered, 0..10
@@ -178,7 +197,7 @@ def _parts(candidate: Candidate) -> str:
     return ", ".join(f"{policy} {value:.0f}" for policy, value in candidate.parts) or "no policy"
 
 
-def explain(d: Decision, chosen: str) -> str:
+def explain(d: Decision, chosen: str, voice: Voice = EXTENDER) -> str:
     """The Event's message for ``d`` once the pod is bound to ``chosen``."""
     weights = dict(d.weights)
     rank = next((i for i, c in enumerate(d.top) if c.node == chosen), None)
@@ -190,16 +209,16 @@ def explain(d: Decision, chosen: str) -> str:
     if rank is None:
         best = d.top[0] if d.top else None
         text = (
-            f"{head}: not among the extender's best {len(d.top)} of {d.candidates} "
-            "candidates; kube-scheduler's own plugins decided"
+            f"{head}: not among {voice.whose} best {len(d.top)} of {d.candidates} "
+            f"candidates; {voice.others} decided"
         )
         if best is not None:
-            text += f" (the extender's best: {best.node}, score {best.score}: {_parts(best)})"
+            text += f" ({voice.whose} best: {best.node}, score {best.score}: {_parts(best)})"
         return clip(text, MAX_MESSAGE - 64)
     node = d.top[rank]
     if not node.parts and not d.picked:  # the one node the filter left
         if d.candidates == 1:
-            return clip(f"{head}: the only node kube-scheduler's own filters left", 960)
+            return clip(f"{head}: the only node {voice.filters} left", 960)
         text = f"{head}: the only one of {d.candidates} candidates that fits"
         if d.failed:
             text += "; the others: " + "; ".join(f"{n} x {reason}" for reason, n in d.failed)
@@ -209,7 +228,7 @@ def explain(d: Decision, chosen: str) -> str:
     if node.note is not None:
         head += f", with its placement group ({node.note})"
     text = (
-        f"{head}: extender score {node.score}/10, rank {rank + 1} of {d.candidates} "
+        f"{head}: {voice.score} {node.score}/10, rank {rank + 1} of {d.candidates} "
         f"candidate{'s' if d.candidates != 1 else ''} ({_parts(node)}; weights "
         + ", ".join(f"{p} {w}" for p, w in d.weights)
         + ")"
@@ -235,8 +254,8 @@ def explain(d: Decision, chosen: str) -> str:
         )
     elif runner.score > node.score:
         text += (
-            f". The extender preferred {runner.node} (score {runner.score}); "
-            "kube-scheduler's own plugins outweighed that"
+            f". {voice.who} preferred {runner.node} (score {runner.score}); "
+            f"{voice.others} outweighed that"
         )
     elif runner.score == node.score:
         breaker = "the extender" if d.picked else "kube-scheduler"
