@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/apis/config"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/explain"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/score"
@@ -155,7 +156,8 @@ func (p *AZScheduler) Score(_ context.Context, cs fwk.CycleState, _ *v1.Pod, inf
 func (p *AZScheduler) ScoreExtensions() fwk.ScoreExtensions { return p }
 
 // NormalizeScore: min-max onto 0..MaxNodeScore.
-func (p *AZScheduler) NormalizeScore(_ context.Context, _ fwk.CycleState, _ *v1.Pod, scores fwk.NodeScoreList) *fwk.Status {
+func (p *AZScheduler) NormalizeScore(_ context.Context, cs fwk.CycleState, _ *v1.Pod, scores fwk.NodeScoreList) *fwk.Status {
 	score.NormaliseList(scores)
+	explain.Keep(cs, "group", scores) // for GPUScheduler's GPUPlacement Event
 	return nil
 }

@@ -33,6 +33,7 @@ type GPUScheduler struct {
 	nodes      *facts.Cache
 	heartbeats *Heartbeats
 	now        func() time.Time
+	placements *Placements // GPUPlacement Events (placement.go); nil: none
 	// all lists every node of the cycle's snapshot (the cluster's figures).
 	all     func() ([]fwk.NodeInfo, error)
 	cluster *workload.Cluster
@@ -60,6 +61,7 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 	if args.HeartbeatWindow.Duration > 0 && handle != nil && handle.ClientSet() != nil {
 		p.heartbeats.WatchLeases(handle.ClientSet(), args.Namespace, ctx.Done())
 	}
+	p.placements = NewPlacements(ctx, handle)
 	return p, nil
 }
 

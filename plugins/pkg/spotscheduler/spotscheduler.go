@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/explain"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/score"
@@ -158,7 +159,8 @@ func (p *SpotScheduler) Score(_ context.Context, cs fwk.CycleState, _ *v1.Pod, i
 func (p *SpotScheduler) ScoreExtensions() fwk.ScoreExtensions { return p }
 
 // NormalizeScore: min-max onto 0..MaxNodeScore, all alike: MaxNodeScore.
-func (p *SpotScheduler) NormalizeScore(_ context.Context, _ fwk.CycleState, _ *v1.Pod, scores fwk.NodeScoreList) *fwk.Status {
+func (p *SpotScheduler) NormalizeScore(_ context.Context, cs fwk.CycleState, _ *v1.Pod, scores fwk.NodeScoreList) *fwk.Status {
 	score.NormaliseList(scores)
+	explain.Keep(cs, "spot", scores) // for GPUScheduler's GPUPlacement Event
 	return nil
 }
