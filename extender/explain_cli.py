@@ -43,7 +43,7 @@ def pod_story(api_client: Any, namespace: str, name: str) -> str:
     if not placed:
         if node:
             lines.append(
-                "  no GPUPlacement event: not scored by gpu-scheduler's extender (no GPUs "
+                "  no GPUPlacement event: not scored by gpu-scheduler (no GPUs "
                 "asked, another scheduler), or its event is rate-limited or expired"
             )
         for event in failed[-3:]:

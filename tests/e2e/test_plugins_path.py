@@ -4,7 +4,8 @@ plugins) serves the gpu-scheduler profile from deploy/scheduler/plugins/, with n
 extender in the profile. The extender path's own scenarios run here unchanged:
 
 - placement: GPU memory, spot preference, a placement group's zone, a silent agent,
-  an annotation the rules cannot read (the extender's words);
+  an annotation the rules cannot read (the extender's words), the GPUPlacement Event
+  that `gpu-scheduler explain` prints;
 - preemption with DefaultPreemption alone: just enough victims, a sick GPU the device
   plugin still advertises (kube-scheduler counts it now: the plugin's Filter runs in
   its what-if), a disruption budget that steers the preemptor, a budget-protected
@@ -29,11 +30,13 @@ from kubernetes import client
 
 from lab.controlplane import GANG_MINOR, plugins_scheduler, supported_minors
 from lab.stack import start_stack
+from tests.e2e import test_explain as explain
 from tests.e2e import test_gangs as gangs
 from tests.e2e import test_placement as placement
 from tests.e2e import test_preemption as preemption
 from tests.e2e import test_preemption_state as preemption_state
-from tests.e2e.kube import core, ensure_namespace, unique
+from tests.e2e.kube import core, ensure_namespace, unique, wait_bound, wait_event
+from tests.e2e.scenarios import gpu_node, place
 from tests.e2e.test_versions import oldest_binary
 from tests.helpers import required
 
@@ -86,6 +89,32 @@ def test_group_is_drawn_to_the_zone_it_runs_in(plugins):
 
 def test_node_with_a_stale_agent_heartbeat_gets_no_gpu_pods(plugins):
     placement.test_node_with_a_stale_agent_heartbeat_gets_no_gpu_pods(plugins)
+
+
+def test_a_placed_gpu_pod_says_why_that_node(plugins):
+    """The plugins write the extender's GPUPlacement Event, named and worded alike
+    (their own component as its source), and `gpu-scheduler explain` prints it."""
+    case = "plugins-explain"
+    roomy = gpu_node(plugins, case, 8)
+    tight = gpu_node(plugins, case, 2)
+    pod = place(plugins, case, 2)
+    assert wait_bound(plugins, pod) == tight  # binpack: 2 of 2, nothing left to strand
+    message = wait_event(plugins, pod, "GPUPlacement")
+    assert f"2 GPUs on {tight}: gpu-scheduler score" in message, message
+    assert "rank 1 of 2 candidates" in message and "gpu 10" in message, message
+    assert roomy in message, message
+    events = (
+        core(plugins)
+        .list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={pod},reason=GPUPlacement"
+        )
+        .items
+    )
+    assert len(events) == 1 and events[0].source.component == "gpu-scheduler-plugins"
+    out = explain.explain(plugins, pod, "-n", "default")
+    assert out.returncode == 0, out.stderr
+    assert f"pod default/{pod}: on {tight}, scheduler gpu-scheduler" in out.stdout
+    assert f"GPUPlacement: 2 GPUs on {tight}" in out.stdout, out.stdout
 
 
 def test_an_inference_pod_preempts_just_enough_training_pods(plugins):
