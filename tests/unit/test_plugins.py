@@ -4,7 +4,9 @@ The contract the Go side reads is generated from the Python one and must be curr
 For the newest and the oldest supported minor (the two `make test` builds), the Go
 tests pass, the conformance suite among them: cases the extender's own cache and
 engine decide (tests/conformance/cases.py), replayed through the plugins as
-kube-scheduler runs them, with the same verdict, resolvability, words and scores.
+kube-scheduler runs them, with the same verdict, resolvability, words and scores; and
+over the openb cluster (tests/conformance/openb.py), every pod, in arrival order, on
+the extender's node.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance import cases
+from tests.conformance import cases, openb
 from tests.helpers import required
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +30,7 @@ gen_contract = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(gen_contract)
 BUILD = ROOT / "tools" / "k8s" / "build.sh"
 PACKAGES = "github.com/gpu-scheduler/gpu-scheduler/plugins/..."
+OPENB = "github.com/gpu-scheduler/gpu-scheduler/plugins/test/openb"
 
 
 def _minors() -> list[str]:
@@ -56,28 +59,66 @@ def case_file(tmp_path_factory) -> tuple[Path, int]:
     return path, len(generated["cases"])
 
 
-@pytest.mark.parametrize("minor", _minors())
-def test_the_plugins_decide_as_the_extender(minor, case_file, tmp_path):
+def _go_test(minor: str, packages: str, env: dict[str, str]) -> None:
+    """``go test`` of ``packages`` in ``minor``'s build module, with ``env`` added."""
     if shutil.which("go") is None:
         required("the Go plugins' tests", "install Go (https://go.dev/dl/) to run them")
     module = ROOT / "tools" / "k8s"
     if (module / f"v{minor}" / "go.mod").exists():
         module = module / f"v{minor}"
     tags = subprocess.run([str(BUILD), "--tags", minor], capture_output=True, text=True).stdout
-    path, count = case_file
-    report = tmp_path / "report.json"
-    env = {
-        **os.environ,
-        "GPU_SCHEDULER_CONFORMANCE": str(path),
-        "GPU_SCHEDULER_CONFORMANCE_REPORT": str(report),
-    }
     # -trimpath as tools/k8s/build.sh builds: the packages compiled for the control
     # plane are reused, not compiled again for the tests.
     done = subprocess.run(
-        ["go", "test", "-count=1", "-trimpath", "-tags", tags.strip(), PACKAGES],
-        cwd=module, env=env, capture_output=True, text=True, timeout=1800,
+        ["go", "test", "-count=1", "-trimpath", "-tags", tags.strip(), packages],
+        cwd=module, env={**os.environ, **env}, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("minor", _minors())
+def test_the_plugins_decide_as_the_extender(minor, case_file, tmp_path):
+    path, count = case_file
+    report = tmp_path / "report.json"
+    _go_test(minor, PACKAGES, {
+        "GPU_SCHEDULER_CONFORMANCE": str(path),
+        "GPU_SCHEDULER_CONFORMANCE_REPORT": str(report),
+    })  # fmt: skip
     checked = json.loads(report.read_text())
     assert checked["cases"] == count and checked["disagree"] == 0, checked
     assert checked["verdicts"] > 10 * count // 2 and checked["scores"] > count // 2, checked
+
+
+@pytest.fixture(scope="module")
+def openb_file(tmp_path_factory) -> tuple[Path, dict]:
+    from tests.bench.trace import TRACE_DIR, find_trace_dir
+
+    try:
+        find_trace_dir()
+    except FileNotFoundError:
+        required("the openb placements", f"the shared openb trace is not at {TRACE_DIR}")
+    generated = openb.generate()
+    path = tmp_path_factory.mktemp("openb") / "openb.json"
+    path.write_text(json.dumps(generated))
+    return path, generated
+
+
+@pytest.mark.parametrize("minor", _minors())
+def test_the_plugins_place_the_openb_pods_on_the_extenders_nodes(minor, openb_file, tmp_path):
+    """Every pod on the extender's node, with the same scores there, the mix worked out
+    afresh for each pod on both sides; with the mix kept as each side keeps it, the
+    count of pods placed elsewhere is reported (docs/development/plugins.md)."""
+    path, generated = openb_file
+    report = tmp_path / "report.json"
+    _go_test(minor, OPENB, {
+        "GPU_SCHEDULER_OPENB": str(path),
+        "GPU_SCHEDULER_OPENB_REPORT": str(report),
+    })  # fmt: skip
+    checked = json.loads(report.read_text())
+    picks = [p["node"] for p in generated["pods"]]
+    assert checked["pods"] == len(picks) and checked["placed"] == sum(map(bool, picks)), checked
+    assert checked["disagree"] == 0 and checked["scored_otherwise"] == 0, checked
+    assert checked["mean_diff"] < 1e-6 and checked["used"] == len(set(filter(None, picks))), checked
+    # the cluster fills: most nodes take pods, and some pods find no room
+    nodes = len(generated["nodes"])
+    assert checked["used"] > nodes // 2 and checked["placed"] < len(picks), checked
