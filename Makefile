@@ -23,7 +23,7 @@ LINTERS := $(shell $(K8S_BUILD) --path linters)
 HAVE_IMAGE_TOOLS := $(shell command -v buildah >/dev/null && command -v debootstrap >/dev/null \
   && command -v gcc >/dev/null && [ "$$(id -u)" = 0 ] && echo yes)
 
-.PHONY: test lint linters docs unit install controlplane controlplanes plugins kueue e2e image demo bench bench-scale clean
+.PHONY: test lint linters docs unit install controlplane controlplanes plugins kueue prometheus e2e image demo bench bench-scale clean
 
 install: $(STAMP)
 
@@ -73,6 +73,11 @@ image:
 linters:
 	$(K8S_BUILD) linters
 
+# promtool and promql-names (Prometheus' PromQL parser), for tests/unit/test_monitoring.py:
+# tools/k8s/prometheus is their Go module, built into .cache/k8s/prometheus-<version>-<hash>/.
+prometheus:
+	$(K8S_BUILD) prometheus
+
 # ruff; the house's size rule (tools/sizes.py: product files <= 450 lines, functions
 # <= 80); actionlint on .github/workflows/ (and shellcheck on their run: scripts where
 # shellcheck is installed); and the chart's values table in docs/configuration.md and
@@ -99,11 +104,12 @@ unit: $(STAMP)
 
 # The README's test command: lint (first: `make lint`), unit, HTTP and property tests,
 # the Go plugins' tests and their conformance to the extender (tests/unit/test_plugins.py),
+# the alerts' promtool tests and the dashboard's queries (tests/unit/test_monitoring.py),
 # and the end-to-end tests on the real control plane (built first where Go is installed;
 # in CI it must be), one of them on a real node running the image (built first where
 # buildah is installed).
 test: lint $(STAMP) $(if $(HAVE_GO),controlplane controlplane-$(K8S_OLDEST) plugins \
-    plugins-$(K8S_OLDEST) kueue) $(if $(HAVE_IMAGE_TOOLS),image)
+    plugins-$(K8S_OLDEST) kueue prometheus) $(if $(HAVE_IMAGE_TOOLS),image)
 	$(BIN)/pytest
 
 demo: $(STAMP) controlplane $(if $(HAVE_IMAGE_TOOLS),image)

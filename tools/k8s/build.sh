@@ -11,6 +11,10 @@
 #   tools/k8s/build.sh --path kueue     where that build is (or would be)
 #   tools/k8s/build.sh linters          actionlint and helm-docs (`make lint` runs them)
 #   tools/k8s/build.sh --path linters   the folder they are (or would be) in
+#   tools/k8s/build.sh prometheus       promtool (github.com/prometheus/prometheus/cmd/
+#                                       promtool) and promql-names (our PromQL parser
+#                                       check), for the monitoring tests
+#   tools/k8s/build.sh --path prometheus   the folder they are (or would be) in
 #   tools/k8s/build.sh plugins [MINOR]  kube-scheduler with gpu-scheduler's framework
 #                                       plugins (plugins/cmd/kube-scheduler), built from
 #                                       that minor's module into .cache/k8s/
@@ -25,6 +29,9 @@
 # libraries are older than ours; its config/ is copied from the module beside the binary,
 # so the lab installs what that release ships. The linters are tools/k8s/linters, one
 # go.mod with a `tool` directive for each, built into .cache/k8s/linters-<hash>/.
+# Prometheus' tools are tools/k8s/prometheus, a go.mod of its own (a `tool` directive for
+# promtool, and promql-names/, a small program on Prometheus' PromQL parser), built into
+# .cache/k8s/prometheus-<version>-<hash>/.
 set -euo pipefail
 cd "$(dirname "$0")"
 HERE=$(pwd)
@@ -140,9 +147,40 @@ build_linters() {  # one set of ldflags for both: each -X names a variable only 
   echo "linters ready in $((SECONDS - start)) s: $dir"
 }
 
+PROM_MODULE=github.com/prometheus/prometheus
+prometheus_version() { sed -n "s|^\(require \)\?\s*$PROM_MODULE \(v[0-9.]*\).*|\2|p" "$HERE/prometheus/go.mod" | head -1; }
+prometheus_ldflags() {  # the version promtool reports: module v0.MMM.P is Prometheus 3.MM.P
+  local v minor
+  v=$(prometheus_version); minor=${v#v0.}; minor=${minor%%.*}
+  echo -n "-s -w -X github.com/prometheus/common/version.Version=$((minor / 100)).$((minor % 100)).${v##*.}"
+  echo -n " -X github.com/prometheus/common/version.Branch=HEAD"
+}
+prometheus_path() {
+  local hash
+  hash=$( (cd "$HERE/prometheus" && cat go.mod go.sum promql-names/*.go; prometheus_ldflags) \
+    | sha1sum | cut -c1-8)
+  echo "$ROOT/.cache/k8s/prometheus-$(prometheus_version)-$hash"
+}
+
+build_prometheus() {
+  local dir tool name start
+  dir=$(prometheus_path)
+  [ -x "$dir/promtool" ] && [ -x "$dir/promql-names" ] && { echo "prometheus tools: $dir"; return 0; }
+  mkdir -p "$dir"; start=$SECONDS
+  echo "building promtool and promql-names from $PROM_MODULE $(prometheus_version) into $dir" \
+    "(cold: 5-10 min on 2 cores)"
+  for tool in "$PROM_MODULE/cmd/promtool" ./promql-names; do
+    name=${tool##*/}
+    (cd "$HERE/prometheus" && go build -trimpath -ldflags="$(prometheus_ldflags)" -o "$dir/$name.tmp" "$tool")
+    mv "$dir/$name.tmp" "$dir/$name"
+  done
+  echo "prometheus tools ready in $((SECONDS - start)) s: $dir"
+}
+
 case "${1:-}" in
   --minors) minors; exit 0 ;;
   --path) case "${2:-}" in kueue) kueue_path ;; linters) linters_path ;;
+    prometheus) prometheus_path ;;
     plugins) plugins_path "${3:-$(newest)}" ;;
     *) path_of "${2:-$(newest)}" ;; esac; exit 0 ;;
   --tags) module_dir "$2" >/dev/null; tags_of "$2"; exit 0 ;;
@@ -150,6 +188,7 @@ case "${1:-}" in
   plugins) build_plugins "${2:-$(newest)}"; exit 0 ;;
   kueue) build_kueue; exit 0 ;;
   linters) build_linters; exit 0 ;;
+  prometheus) build_prometheus; exit 0 ;;
 esac
 minor=${1:-$(newest)}
 bin=$(path_of "$minor")
