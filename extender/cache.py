@@ -279,13 +279,7 @@ class ClusterCache(DraEvents, RecheckAccess, AssumedPicks, PendingPods, PodAccou
             del self._beats[bisect.bisect_left(self._beats, old.heartbeat)]
         if new is not None and new.heartbeat is not None:
             bisect.insort(self._beats, new.heartbeat)
-        for facts, sign in ((old, -1), (new, 1)):
-            if facts is not None and facts.model and facts.allocatable:
-                left = self._capacity.get(facts.model, 0) + sign * facts.allocatable
-                if left > 0:
-                    self._capacity[facts.model] = left
-                else:
-                    self._capacity.pop(facts.model, None)
+        self._node_changed(name, old, new)
         self._refresh_free(name)
 
     def _refresh_free(self, name: str) -> None:

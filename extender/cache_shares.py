@@ -61,6 +61,20 @@ class PodAccounting:
             if record.gpus:
                 key = ("whole", record.gpus, shape.cpu_milli, shape.ram_mib)
                 _add(self._share_counts, key, sign)
+        self._account_demand(record, sign)
+        if record.group is not None:
+            members = self._groups.setdefault(record.group, {})
+            count = members.get(record.node, 0) + sign
+            if count > 0:
+                members[record.node] = count
+            else:
+                members.pop(record.node, None)
+                if not members:
+                    del self._groups[record.group]
+
+    def _account_demand(self, record: PodRecord, sign: int) -> None:
+        """The pod's GPU demand, in all and per product it is restricted to (kept on the
+        record, so that taking it away takes away what was added)."""
         demand = record.demand
         if demand is None:
             demand = record.demand = record.gpus + self._share_gpus(record)
@@ -71,15 +85,27 @@ class PodAccounting:
                 self._demand[product] = share
             else:
                 self._demand.pop(product, None)
-        if record.group is not None:
-            members = self._groups.setdefault(record.group, {})
-            count = members.get(record.node, 0) + sign
-            if count > 0:
-                members[record.node] = count
-            else:
-                members.pop(record.node, None)
-                if not members:
-                    del self._groups[record.group]
+
+    def _node_changed(self, name: str, old: NodeFacts | None, new: NodeFacts | None) -> None:
+        """A node's facts changed: the per-model capacity they add, and the demand of its
+        pods that ask shares, counted in GPUs of this node (a share's units over those of
+        one of its GPUs): worked out again where its GPU memory changed, as when a pod
+        was counted before its node was known."""
+        for facts, sign in ((old, -1), (new, 1)):
+            if facts is not None and facts.model and facts.allocatable:
+                left = self._capacity.get(facts.model, 0) + sign * facts.allocatable
+                if left > 0:
+                    self._capacity[facts.model] = left
+                else:
+                    self._capacity.pop(facts.model, None)
+        if (old and old.memory_mib) == (new and new.memory_mib):
+            return
+        for uid in self._node_pods.get(name, ()):
+            record = self._pods.get(uid)
+            if record is not None and record.shares:
+                self._account_demand(record, -1)
+                record.demand = None
+                self._account_demand(record, 1)
 
     def _share_gpus(self, record: PodRecord) -> float:
         """The GPUs' worth of a pod's shares: each share's units over the units of one

@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 from extender import model  # noqa: E402
 from extender.policies import REGISTRY, gpu, heartbeat, spot  # noqa: E402
-from gpu_scheduler import constraints, contract  # noqa: E402
+from extender.cache_shares import MAX_SHARE_CLASSES  # noqa: E402
+from gpu_scheduler import constraints, contract, sharing  # noqa: E402
 
 OUT = ROOT / "plugins" / "pkg" / "contract" / "zz_generated.contract.go"
 
@@ -74,6 +75,8 @@ def strings() -> list[tuple[str, str, str]]:
         ("GPU_SINCE", ""),
         ("GPU_MIG_ENABLED", ""),
         ("GPU_MIG_DEVICES", ""),
+        ("GPU_MEMORY_MIB", "the GPU's memory, MiB"),
+        ("GPU_RESERVED_MIB", "MiB kept back from shares on the GPU"),
         ("LEASE_LABEL", "the agent's heartbeat Lease carries LeaseLabel=LeaseLabelValue"),
         ("LEASE_LABEL_VALUE", ""),
         ("LEASE_SELECTOR", ""),
@@ -87,6 +90,12 @@ def integers() -> list[tuple[str, int, str]]:
         ("MaxGpus", model.MAX_GPUS, "larger GPU counts are clamped"),
         ("MaxProducts", constraints.MAX_PRODUCTS, "products a pod may name"),
         ("MaxLabelValue", contract.MAX_LABEL_VALUE, ""),
+        ("ShareUnitMiB", sharing.UNIT_MIB, "one unit of ResourceGpuMemory"),
+        ("ShareMaxUnits", sharing.MAX_UNITS, "no GPU has more units; a larger share is refused"),
+        ("ShareMaxGpus", sharing.MAX_GPUS, "a node with more GPUs is not read as shared"),
+        ("ShareMaxPodKey", sharing.MAX_POD_KEY, "longest pod key in AnnGpuShares"),
+        ("ShareMaxAnnotation", sharing.MAX_SHARES_ANNOTATION, "a longer AnnGpuShares is not read"),
+        ("ShareMaxClasses", MAX_SHARE_CLASSES, "share classes kept in the mix"),
     ]
     rows += [(f"Gpu{camel(code)}", getattr(gpu, code), "") for code in GPU_CODES]
     rows += [("SpotNotSpot", spot.NOT_SPOT, ""), ("SpotIsSpot", spot.IS_SPOT, "")]

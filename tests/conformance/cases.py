@@ -9,9 +9,9 @@ kube-scheduler would, and must give the same answers.
 
     .venv/bin/python -m tests.conformance.cases --out /tmp/cases.json [--clusters 60]
 
-The clusters are random but seeded: the same arguments give the same file. No node
-shares its GPUs (shares are decided by the extender path only) and no node is a DRA
-driver's: those rules are not in the plugins yet.
+The clusters are random but seeded: the same arguments give the same file. Some
+nodes share their GPUs (the agent's annotations, its report of what each pod holds)
+and some pods ask shares; no node is a DRA driver's: that rule is not in the plugins.
 """
 
 from __future__ import annotations
@@ -81,10 +81,14 @@ ODD_GPUS = (
 )  # fmt: skip
 
 
-def _health(rng: random.Random, count: int, mig: bool) -> str:
+def _health(rng: random.Random, count: int, mig: bool, memory: int | None = None) -> str:
     gpus = []
     for i in range(count):
         gpu: dict[str, Any] = {"index": i, "uuid": f"GPU-{rng.randrange(16**8):08x}"}
+        if memory is not None:  # a sharing node's GPUs: their memory, some held back
+            gpu[contract.GPU_MEMORY_MIB] = rng.choice((memory, memory, 16384, "lots", 81920.0))
+            if rng.random() < 0.3:
+                gpu[contract.GPU_RESERVED_MIB] = rng.choice((1024, 2048, -5, "x"))
         if mig:
             gpu["migEnabled"] = True
             gpu["migDevices"] = [{"uuid": f"MIG-{i}-{k}"} for k in range(rng.choice((2, 3, 7)))]
@@ -110,6 +114,7 @@ def node(rng: random.Random, name: str) -> dict[str, Any]:
     annotations: dict[str, str] = {}
     gpus = rng.choice((0, 0, 1, 2, 4, 8, 8))
     labelled = gpus > 0 or rng.random() < 0.15
+    sharing = False
     if labelled:
         labels[contract.LABEL_GPU_PRESENT] = "true"
         product = rng.choice((*PRODUCTS, None))
@@ -123,12 +128,18 @@ def node(rng: random.Random, name: str) -> dict[str, Any]:
             labels[key] = str(memory) if rng.random() < 0.9 else "lots"
         if rng.random() < 0.15:
             labels[contract.LABEL_GPU_REPLICAS] = rng.choice(("2", "4", "x"))
-        if rng.random() < 0.5 and gpus:
+        sharing = gpus > 0 and rng.random() < 0.3
+        if sharing:  # the agent's device plugin shares these GPUs
+            labels.pop(contract.LABEL_GPU_REPLICAS, None)
+            if rng.random() < 0.8:
+                labels[contract.LABEL_GPU_SHARING] = rng.choice(contract.SHARING_MODES)
+            labels[contract.LABEL_GPU_COUNT] = str(gpus)
+        if (rng.random() < 0.5 or (sharing and rng.random() < 0.8)) and gpus:
             count = max(
                 1, gpus // int(labels.get(contract.LABEL_GPU_REPLICAS, "1").strip("x") or 1)
             )
             mig = bool(product and contract.MIG_PART in product)
-            annotations[contract.ANN_GPUS] = _health(rng, count, mig)
+            annotations[contract.ANN_GPUS] = _health(rng, count, mig, memory if sharing else None)
     if rng.random() < 0.5:
         key, spot = rng.choice(contract.SPOT_LABELS)
         labels[key] = spot if rng.random() < 0.5 else "on-demand"
@@ -143,6 +154,8 @@ def node(rng: random.Random, name: str) -> dict[str, Any]:
         del allocatable["cpu"]
     if gpus and rng.random() < 0.95:
         allocatable[contract.RESOURCE_GPU] = str(gpus)
+    if labelled and gpus and sharing and rng.random() < 0.9:
+        allocatable[contract.RESOURCE_GPU_MEMORY] = str(gpus * 40)
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -184,6 +197,8 @@ def pod(rng: random.Random, name: str, *, on: str | None = None, group: str | No
         resources["requests"][contract.RESOURCE_GPU] = str(gpus)
         resources["limits"] = {contract.RESOURCE_GPU: str(gpus)}
     spec: dict[str, Any] = {"containers": [{"name": "main", "image": "x", "resources": resources}]}
+    if rng.random() < (0.3 if on is None else 0.25):
+        _ask_shares(rng, spec, gpus)
     if rng.random() < 0.15:
         init_gpus = rng.choice((1, 2, 8))
         spec["initContainers"] = [{"name": "init", "image": "x", "resources": {
@@ -204,6 +219,65 @@ def pod(rng: random.Random, name: str, *, on: str | None = None, group: str | No
     }  # fmt: skip
 
 
+#: Shares a container asks (units of 1 GiB), and ones no GPU can ever meet.
+SHARES = (1, 2, 4, 5, 10, 20, 38, 40, 60)
+ODD_SHARES = ("0", "1025", "17179869184", "1.5")
+
+
+def _ask_shares(rng: random.Random, spec: dict[str, Any], gpus: int) -> None:
+    """Make the pod ask a share of a GPU in its main container (whole GPUs move to a
+    container of their own), maybe one more share in a sidecar, or an odd request."""
+    main = spec["containers"][0]
+    resources = main["resources"]
+    for kind in ("requests", "limits"):
+        resources.get(kind, {}).pop(contract.RESOURCE_GPU, None)
+    share = str(rng.choice(SHARES)) if rng.random() < 0.95 else rng.choice(ODD_SHARES)
+    _asks(main, contract.RESOURCE_GPU_MEMORY, share)
+    if gpus and rng.random() < 0.3:  # whole GPUs too, in a later container
+        spec["containers"].append(_asks({"name": "whole", "image": "x"}, contract.RESOURCE_GPU,
+                                        str(min(gpus, 2))))  # fmt: skip
+    if rng.random() < 0.2:
+        sidecar = _asks({"name": "side", "image": "x"}, contract.RESOURCE_GPU_MEMORY,
+                        str(rng.choice(SHARES)))  # fmt: skip
+        if rng.random() < 0.85:
+            sidecar["restartPolicy"] = "Always"
+        spec["initContainers"] = [sidecar]
+    if rng.random() < 0.03:  # both in one container
+        _asks(main, contract.RESOURCE_GPU, "1")
+
+
+def _asks(container: dict[str, Any], resource: str, amount: str) -> dict[str, Any]:
+    """The container asks ``amount`` of an extended resource, in its limits and its
+    requests (the API server defaults the request to the limit)."""
+    resources = container.setdefault("resources", {})
+    for kind in ("requests", "limits"):
+        resources.setdefault(kind, {})[resource] = amount
+    return container
+
+
+def _report(rng: random.Random, node: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+    """The agent's report of what the pods on a sharing node hold (some of them)."""
+    try:
+        gpus = json.loads(node["metadata"]["annotations"].get(contract.ANN_GPUS, ""))
+    except (ValueError, RecursionError):
+        return
+    if not isinstance(gpus, list):
+        return
+    uuids = [g.get("uuid") for g in gpus if isinstance(g, dict) and isinstance(g.get("uuid"), str)]
+    if not uuids or rng.random() < 0.3:
+        return
+    report: dict[str, dict[str, Any]] = {}
+    for pod in pods:
+        if rng.random() < 0.6:
+            held = report.setdefault(rng.choice(uuids), {})
+            asks = pod["spec"]["containers"][0]["resources"].get("limits", {})
+            units = asks.get(contract.RESOURCE_GPU_MEMORY)
+            held[pod["metadata"]["uid"]] = int(units) if units and units.isdigit() else "whole"
+    if rng.random() < 0.1:  # an older agent's report, keyed by namespace/name
+        report = {uuids[0]: {"default/old": 4}}
+    node["metadata"]["annotations"][contract.ANN_GPU_SHARES] = json.dumps(report)
+
+
 def cluster(rng: random.Random, index: int) -> dict[str, Any]:
     names = [f"n{index}-{k}" for k in range(rng.randrange(3, 11))]
     nodes = [node(rng, name) for name in names]
@@ -212,6 +286,10 @@ def cluster(rng: random.Random, index: int) -> dict[str, Any]:
     for k in range(rng.randrange(0, 14)):
         group = rng.choice([*groups, None, None])
         bound.append(pod(rng, f"b{index}-{k}", on=rng.choice(names), group=group))
+    for n in nodes:
+        if contract.LABEL_GPU_COUNT in n["metadata"]["labels"] and n["metadata"]["annotations"]:
+            on = [p for p in bound if p["spec"]["nodeName"] == n["metadata"]["name"]]
+            _report(rng, n, on)
     leases = {}
     for name in names:
         if rng.random() < 0.5:

@@ -106,8 +106,8 @@ def openb_file(tmp_path_factory) -> tuple[Path, dict]:
 @pytest.mark.parametrize("minor", _minors())
 def test_the_plugins_place_the_openb_pods_on_the_extenders_nodes(minor, openb_file, tmp_path):
     """Every pod on the extender's node, with the same scores there, the mix worked out
-    afresh for each pod on both sides; with the mix kept as each side keeps it, the
-    count of pods placed elsewhere is reported (docs/development/plugins.md)."""
+    afresh for each pod on both sides, and with the mix kept as each side keeps it
+    (docs/development/plugins.md)."""
     path, generated = openb_file
     report = tmp_path / "report.json"
     _go_test(minor, OPENB, {
@@ -118,6 +118,7 @@ def test_the_plugins_place_the_openb_pods_on_the_extenders_nodes(minor, openb_fi
     picks = [p["node"] for p in generated["pods"]]
     assert checked["pods"] == len(picks) and checked["placed"] == sum(map(bool, picks)), checked
     assert checked["disagree"] == 0 and checked["scored_otherwise"] == 0, checked
+    assert checked["kept_elsewhere"] == 0, checked  # with the mix kept as each side keeps it
     assert checked["mean_diff"] < 1e-6 and checked["used"] == len(set(filter(None, picks))), checked
     # the cluster fills: most nodes take pods, and some pods find no room
     nodes = len(generated["nodes"])

@@ -54,6 +54,12 @@ const GpuSince = "since"
 const GpuMigEnabled = "migEnabled"
 const GpuMigDevices = "migDevices"
 
+// GpuMemoryMib: the GPU's memory, MiB.
+const GpuMemoryMib = "memoryMiB"
+
+// GpuReservedMib: MiB kept back from shares on the GPU.
+const GpuReservedMib = "reservedMiB"
+
 // LeaseLabel: the agent's heartbeat Lease carries LeaseLabel=LeaseLabelValue.
 const LeaseLabel = "gpu-scheduler.io/heartbeat"
 const LeaseLabelValue = "agent"
@@ -68,6 +74,24 @@ const MaxGpus = 1048576
 // MaxProducts: products a pod may name.
 const MaxProducts = 64
 const MaxLabelValue = 63
+
+// ShareUnitMiB: one unit of ResourceGpuMemory.
+const ShareUnitMiB = 1024
+
+// ShareMaxUnits: no GPU has more units; a larger share is refused.
+const ShareMaxUnits = 1024
+
+// ShareMaxGpus: a node with more GPUs is not read as shared.
+const ShareMaxGpus = 64
+
+// ShareMaxPodKey: longest pod key in AnnGpuShares.
+const ShareMaxPodKey = 128
+
+// ShareMaxAnnotation: a longer AnnGpuShares is not read.
+const ShareMaxAnnotation = 262144
+
+// ShareMaxClasses: share classes kept in the mix.
+const ShareMaxClasses = 32
 const GpuNoGpus = 1
 const GpuNotAdvertised = 2
 const GpuNotShared = 3

@@ -10,6 +10,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/sharing"
 )
 
 // Node is what the plugins know about one node, from its labels, allocatable and the
@@ -28,9 +29,9 @@ type Node struct {
 	Zone         string
 	Replicas     int64
 	Health       *Health
-	// Sharing: the agent's device plugin shares these GPUs (gpu-scheduler.io/gpu-sharing
-	// or allocatable gpu-scheduler.io/gpu-memory).
-	Sharing bool
+	// Shared: the agent's device plugin shares these GPUs (gpu-scheduler.io/gpu-sharing
+	// or allocatable gpu-scheduler.io/gpu-memory); nil: it does not.
+	Shared *sharing.Node
 	// Allocatable CPU (millicores) and memory (MiB); -1: not advertised.
 	CPUMilli, RAMMiB int64
 }
@@ -80,9 +81,19 @@ func ReadNode(node *v1.Node) *Node {
 	out.Zone = labels[contract.LabelZone]
 	migSingle := out.Product != "" && strings.Contains(out.Product, contract.MigPart)
 	out.Health = ReadHealth(node.Annotations[contract.AnnGpus], out.Replicas, migSingle)
-	units := node.Status.Allocatable[v1.ResourceName(contract.ResourceGpuMemory)]
-	mode := labels[contract.LabelGpuSharing]
-	out.Sharing = units.Value() > 0 || mode == contract.SharingModes[0] || mode == contract.SharingModes[1]
+	var units int64
+	if q, ok := node.Status.Allocatable[v1.ResourceName(contract.ResourceGpuMemory)]; ok {
+		units = min(max(q.Value(), 0), contract.ShareMaxUnits*64)
+	}
+	count, counted := LabelInt(labels[contract.LabelGpuCount])
+	if !counted {
+		count = -1
+	}
+	memory, known := nodeMemory(labels)
+	if !known {
+		memory = -1
+	}
+	out.Shared = sharing.ReadNode(labels, node.Annotations, units, count, memory)
 	return out
 }
 

@@ -72,11 +72,12 @@ func GpuRequest(pod *v1.Pod) int64 {
 // ReadPod reads a pod (PodOf: once per object).
 func ReadPod(pod *v1.Pod) *Pod {
 	out := &Pod{Gpus: GpuRequest(pod), MinMemory: -1, Namespace: pod.Namespace}
-	for _, c := range pod.Spec.Containers {
-		if q, ok := c.Resources.Requests[v1.ResourceName(contract.ResourceGpuMemory)]; ok && q.Value() > 0 {
-			out.Shares = append(out.Shares, q.Value())
-		}
+	shares, err := PodShares(pod)
+	if err != "" {
+		out.Error = err
+		return out
 	}
+	out.Shares = shares
 	ann := pod.Annotations
 	var errs []string
 	if raw, ok := ann[contract.AnnMinGpuMemory]; ok {
@@ -87,17 +88,10 @@ func ReadPod(pod *v1.Pod) *Pod {
 			out.MinMemory = value
 		}
 	}
-	if raw, ok := ann[contract.AnnGpuProducts]; ok {
-		products := parseProducts(raw)
-		switch {
-		case products == nil:
-			errs = append(errs, contract.AnnGpuProducts+" is empty")
-		case len(products) > contract.MaxProducts || longest(products) > contract.MaxLabelValue:
-			errs = append(errs, fmt.Sprintf("%s=%s: at most %d products, each a label value of at "+
-				"most 63 characters", contract.AnnGpuProducts, pyRepr(raw), contract.MaxProducts))
-		default:
-			out.Products = products
-		}
+	if products, why := Products(ann); why != "" {
+		errs = append(errs, why)
+	} else {
+		out.Products = products
 	}
 	if raw, ok := ann[contract.AnnSpot]; ok {
 		if slices.Contains(contract.SpotPreferences, raw) {
@@ -120,6 +114,24 @@ func ReadPod(pod *v1.Pod) *Pod {
 	out.Group = ann[contract.AnnGroup]
 	out.Error = strings.Join(errs, "; ")
 	return out
+}
+
+// Products are the GPU products a pod's annotation restricts it to (nil: any), or why
+// they cannot be read.
+func Products(ann map[string]string) (map[string]bool, string) {
+	raw, ok := ann[contract.AnnGpuProducts]
+	if !ok {
+		return nil, ""
+	}
+	products := parseProducts(raw)
+	switch {
+	case products == nil:
+		return nil, contract.AnnGpuProducts + " is empty"
+	case len(products) > contract.MaxProducts || longest(products) > contract.MaxLabelValue:
+		return nil, fmt.Sprintf("%s=%s: at most %d products, each a label value of at most 63 characters",
+			contract.AnnGpuProducts, pyRepr(raw), contract.MaxProducts)
+	}
+	return products, ""
 }
 
 // WantsGpus: the pod asks whole GPUs or a share of one.

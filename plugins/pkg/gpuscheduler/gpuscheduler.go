@@ -38,6 +38,7 @@ type GPUScheduler struct {
 	all     func() ([]fwk.NodeInfo, error)
 	cluster *workload.Cluster
 	frag    *workload.Fragmentation // the last mix's measure
+	usages  *Usages
 }
 
 var (
@@ -71,7 +72,7 @@ func NewWith(args config.GPUSchedulerArgs, heartbeats *Heartbeats, now func() ti
 		args.Weights = config.DefaultWeights
 	}
 	return &GPUScheduler{args: args, nodes: facts.Nodes, heartbeats: heartbeats, now: now,
-		cluster: workload.NewCluster(facts.Nodes.Of)}
+		cluster: workload.NewCluster(facts.Nodes.Of), usages: NewUsages()}
 }
 
 // OverNodes makes the plugin read the cluster's figures from the given list of every
@@ -101,11 +102,6 @@ func (p *GPUScheduler) PreFilter(ctx context.Context, cs fwk.CycleState, pod *v1
 	if s.pod.Error != "" {
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable,
 			"pod cannot be placed as asked: "+s.pod.Error)
-	}
-	if len(s.pod.Shares) > 0 {
-		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf(
-			"%s asks a share of a GPU (%s): shares are placed by the extender path only",
-			Name, contract.ResourceGpuMemory))
 	}
 	cs.Write(stateKey, s)
 	if !s.pod.WantsGpus() {
@@ -138,7 +134,7 @@ func (p *GPUScheduler) Filter(_ context.Context, cs fwk.CycleState, _ *v1.Pod, i
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "node not found")
 	}
 	fit := p.fit(info)
-	if code := Refuse(s.pod, fit); code != 0 && Unresolvable(code) {
+	if code := RefuseAny(s.pod, fit); code != 0 && Unresolvable(code) {
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, Words(s.pod, fit, code))
 	} else if !s.oldest.IsZero() && p.heartbeats.Silent(node.Name, s.oldest) {
 		renewed, _ := p.heartbeats.Of(node.Name)
@@ -155,7 +151,11 @@ func (p *GPUScheduler) fit(info fwk.NodeInfo) Fit {
 	node := info.Node()
 	_, managed := p.heartbeats.Of(node.Name)
 	used := info.GetRequested().GetScalarResources()[v1.ResourceName(contract.ResourceGpu)]
-	return Fit{Node: p.nodes.Of(node), Managed: managed, Used: used}
+	fit := Fit{Node: p.nodes.Of(node), Managed: managed, Used: used}
+	if fit.Node.Shared != nil {
+		fit.Gpus = p.usages.Of(fit.Node.Shared, info)
+	}
+	return fit
 }
 
 // read is the cycle's state of a pod.

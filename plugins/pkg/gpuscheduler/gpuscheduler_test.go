@@ -49,10 +49,41 @@ func plugin(t *testing.T) *GPUScheduler {
 	return NewWith(args, NewHeartbeats(), time.Now)
 }
 
-func TestAShareIsRefusedWithWordsThatNameTheExtenderPath(t *testing.T) {
-	_, status := plugin(t).PreFilter(context.Background(), framework.NewCycleState(), pod("", "10"), nil)
-	if status.Code() != fwk.UnschedulableAndUnresolvable || !strings.Contains(status.Message(), "extender path") {
-		t.Fatalf("got %v", status)
+// A share goes where the fit rule finds a GPU with room: the GPUs the pods on the node
+// (bound, assumed, or left in a preemption's what-if) leave free, by NodeInfo alone.
+func TestASharePlacedByTheFitRuleOverNodeInfo(t *testing.T) {
+	p := plugin(t)
+	labels := map[string]string{contract.LabelGpuSharing: "mps", contract.LabelGpuCount: "2",
+		contract.LabelGpuMemory: "40960", contract.LabelGpuPresent: "true"}
+	sharingNode := gpuNode(labels, nil)
+	sharingNode.Status.Allocatable[v1.ResourceName(contract.ResourceGpu)] = resource.MustParse("2")
+	held := pod("", "30")
+	held.UID, held.Name = "uid-held", "held"
+	whole := pod("1", "")
+	whole.UID, whole.Name = "uid-whole", "whole"
+	info := framework.NewNodeInfo(held, whole)
+	info.SetNode(sharingNode)
+	state := framework.NewCycleState()
+	asking := pod("", "20")
+	if _, status := p.PreFilter(context.Background(), state, asking, nil); !status.IsSuccess() {
+		t.Fatalf("PreFilter: %v", status)
+	}
+	status := p.Filter(context.Background(), state, asking, info)
+	want := "no single GPU has 20 GiB free: the largest free piece is 10 GiB on gpu-0 (10 GiB free on 2 GPUs); pod asks 20 GiB"
+	if status.Code() != fwk.Unschedulable || status.Message() != want {
+		t.Fatalf("a share of 20 beside 30 of 40 and a GPU taken whole: %v", status)
+	}
+	if err := info.RemovePod(klog.Background(), whole); err != nil { // preemption's what-if
+		t.Fatal(err)
+	}
+	if status := p.Filter(context.Background(), state, asking, info); !status.IsSuccess() {
+		t.Fatalf("with the whole-GPU pod gone: %v", status)
+	}
+	plain := framework.NewNodeInfo()
+	plain.SetNode(gpuNode(map[string]string{contract.LabelGpuPresent: "true"}, nil))
+	if status := p.Filter(context.Background(), state, asking, plain); status.Code() != fwk.UnschedulableAndUnresolvable ||
+		!strings.Contains(status.Message(), "does not share its GPUs") {
+		t.Fatalf("a node that does not share: %v", status)
 	}
 }
 

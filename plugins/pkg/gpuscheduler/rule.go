@@ -6,6 +6,7 @@ import (
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/sharing"
 )
 
 // Fit is one node as the gpu rule reads it: its facts, whether its agent is believed
@@ -14,10 +15,34 @@ type Fit struct {
 	Node    *facts.Node
 	Managed bool
 	Used    int64
+	// Gpus: a sharing node's GPUs as the fit rule places its pods (nil elsewhere).
+	Gpus []sharing.Gpu
 }
 
-// Free is the GPUs left to a new pod (may be negative while a sick GPU is still held).
-func (f Fit) Free() int64 { return f.Node.Usable(f.Managed) - f.Used }
+// Free is the GPUs left to a new pod (may be negative while a sick GPU is still held);
+// on a sharing node no more than its wholly free GPUs.
+func (f Fit) Free() int64 {
+	free := f.Node.Usable(f.Managed) - f.Used
+	if f.Node.Shared != nil {
+		wholly := int64(0)
+		for _, g := range f.Gpus {
+			if g.WholeFree {
+				wholly++
+			}
+		}
+		free = min(free, wholly)
+	}
+	return free
+}
+
+// RefuseAny is the gpu rule for any pod: RefuseShares for one asking shares, else
+// Refuse.
+func RefuseAny(pod *facts.Pod, f Fit) int {
+	if len(pod.Shares) > 0 {
+		return RefuseShares(pod, f)
+	}
+	return Refuse(pod, f)
+}
 
 // Refuse is the gpu rule for a whole-GPU pod (extender/policies/gpu.py, refuse): 0
 // where the pod fits, else the first refusal code that holds.
@@ -49,6 +74,10 @@ func Refuse(pod *facts.Pod, f Fit) int {
 func Words(pod *facts.Pod, f Fit, code int) string {
 	n, want := f.Node, pod.Gpus
 	switch code {
+	case contract.GpuNotShared:
+		return notSharedWords
+	case contract.GpuShareTooBig, contract.GpuShareNoRoom:
+		return ShareWords(pod, f.Gpus, code)
 	case contract.GpuNoGpus:
 		return fmt.Sprintf("node has no GPUs (no allocatable %s)", contract.ResourceGpu)
 	case contract.GpuNotAdvertised:
@@ -92,15 +121,17 @@ func Unresolvable(code int) bool { return contract.GpuUnresolvable[code] }
 
 // Raw is the gpu score before normalisation (higher is better): binpack leaves the
 // fewest GPUs free, spread the most; a CPU pod prefers nodes without GPUs.
-func Raw(pod *facts.Pod, f Fit, spread bool) int64 {
+func Raw(pod *facts.Pod, f Fit, spread bool) float64 {
 	switch {
+	case len(pod.Shares) > 0:
+		return BestFit(pod, f.Gpus, spread)
 	case pod.Gpus == 0:
 		if f.Node.Allocatable > 0 || f.Node.Labelled {
 			return 0
 		}
 		return 1
 	case spread:
-		return f.Free() - pod.Gpus
+		return float64(f.Free() - pod.Gpus)
 	}
-	return pod.Gpus - f.Free()
+	return float64(pod.Gpus - f.Free())
 }

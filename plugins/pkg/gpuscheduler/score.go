@@ -10,6 +10,7 @@ import (
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/score"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/sharing"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/workload"
 )
 
@@ -60,11 +61,11 @@ func (p *GPUScheduler) PreScore(_ context.Context, cs fwk.CycleState, pod *v1.Po
 	if weights["gpu"] > 0 {
 		raw := make([]float64, len(fits))
 		for i, fit := range fits {
-			raw[i] = float64(Raw(s.pod, fit, s.spread))
+			raw[i] = Raw(s.pod, fit, s.spread)
 		}
 		out.Parts["gpu"] = score.Stretch(raw)
 	}
-	if s.pod.Gpus > 0 && (weights["scarcity"] > 0 || weights["fragmentation"] > 0) && p.all != nil {
+	if s.pod.WantsGpus() && (weights["scarcity"] > 0 || weights["fragmentation"] > 0) && p.all != nil {
 		all, err := p.all()
 		if err != nil {
 			return fwk.AsStatus(err)
@@ -75,8 +76,10 @@ func (p *GPUScheduler) PreScore(_ context.Context, cs fwk.CycleState, pod *v1.Po
 				out.Parts["scarcity"] = part
 			}
 		}
-		if weights["fragmentation"] > 0 && len(figures.Mix) > 0 {
-			out.Parts["fragmentation"] = score.Stretch(p.fragmentation(pod, figures.Mix, fits))
+		if weights["fragmentation"] > 0 {
+			if gains := p.fragmentation(pod, s.pod, figures, fits); gains != nil {
+				out.Parts["fragmentation"] = score.Stretch(gains)
+			}
 		}
 	}
 	out.Total = total(out.Parts, weights, len(fits))
@@ -106,24 +109,112 @@ func scarcity(pressure map[string]float64, fits []Fit) []float64 {
 	return out
 }
 
-// fragmentation is each node's fragmentation gain for the pod, over the mix.
-func (p *GPUScheduler) fragmentation(pod *v1.Pod, mix workload.Mix, fits []Fit) []float64 {
-	if p.frag == nil || &p.frag.Mix()[0] != &mix[0] {
-		p.frag = workload.NewFragmentation(mix)
-	}
-	gpus := facts.GpuRequest(pod)
+// fragmentation is each node's fragmentation gain for the pod (nil: the score has
+// nothing to say): on whole GPUs over the workload mix, on partial GPUs over the share
+// mix for a pod asking shares.
+func (p *GPUScheduler) fragmentation(pod *v1.Pod, read *facts.Pod, figures workload.Figures, fits []Fit) []float64 {
 	cpu, ram := workload.Requests(pod)
-	out := make([]float64, len(fits))
+	states := make([]workload.State, len(fits))
 	for i, fit := range fits {
 		used, usedRAM := p.cluster.Used(fit.Node.Name)
-		state := workload.State{Free: fit.Free(), CPUMilli: workload.Unlimited, RAMMiB: workload.Unlimited, Model: fit.Node.Model}
+		states[i] = workload.State{Free: fit.Free(), CPUMilli: workload.Unlimited, RAMMiB: workload.Unlimited, Model: fit.Node.Model}
 		if fit.Node.CPUMilli >= 0 {
-			state.CPUMilli = fit.Node.CPUMilli - used
+			states[i].CPUMilli = fit.Node.CPUMilli - used
 		}
 		if fit.Node.RAMMiB >= 0 {
-			state.RAMMiB = fit.Node.RAMMiB - usedRAM
+			states[i].RAMMiB = fit.Node.RAMMiB - usedRAM
 		}
-		out[i] = p.frag.Gain(state, gpus, cpu, ram)
+	}
+	if len(read.Shares) > 0 {
+		if len(figures.ShareMix) == 0 {
+			return nil
+		}
+		return shareGains(read, figures.ShareMix, fits, states, cpu, ram)
+	}
+	if read.Gpus == 0 || len(figures.Mix) == 0 {
+		return nil
+	}
+	if p.frag == nil || &p.frag.Mix()[0] != &figures.Mix[0] {
+		p.frag = workload.NewFragmentation(figures.Mix)
+	}
+	var sharesWeight float64
+	for _, class := range figures.ShareMix {
+		if class.Kind == "share" {
+			sharesWeight += class.Weight
+		}
+	}
+	excess := excessMemory(fits)
+	out := make([]float64, len(fits))
+	for i := range fits {
+		out[i] = p.frag.Gain(states[i], read.Gpus, cpu, ram)
+		if sharesWeight != 0 {
+			out[i] -= sharesWeight * float64(read.Gpus) * excess[i]
+		}
+	}
+	return out
+}
+
+// excessMemory is how far each node's GPU memory exceeds the median of the sharing
+// nodes', in GPUs of that median (0 on a node that does not share): a whole-GPU pod
+// pays for taking memory shares could have used.
+func excessMemory(fits []Fit) []float64 {
+	memory := make([]float64, len(fits))
+	var sharing []float64
+	for i, fit := range fits {
+		if fit.Node.Shared != nil {
+			memory[i] = float64(max(fit.Node.MemoryMiB, 0))
+			sharing = append(sharing, memory[i])
+		}
+	}
+	out := make([]float64, len(fits))
+	unit := workload.Median(sharing)
+	if len(sharing) == 0 || unit <= 0 {
+		return out
+	}
+	for i := range fits {
+		out[i] = max(memory[i]/unit-1, 0)
+	}
+	return out
+}
+
+// shareGains is each node's gain in the partial-GPU measure once the pod's shares are
+// placed by the fit rule (where it finds no room: below every node where it does).
+func shareGains(read *facts.Pod, mix []workload.ShareClass, fits []Fit, states []workload.State, cpu, ram int64) []float64 {
+	var capacities []float64
+	for _, fit := range fits {
+		for _, g := range fit.Gpus {
+			if g.Capacity > 0 {
+				capacities = append(capacities, float64(g.Capacity))
+			}
+		}
+	}
+	unit := workload.Median(capacities)
+	out := make([]float64, len(fits))
+	placed := make([]bool, len(fits))
+	some, all := false, true
+	for i, fit := range fits {
+		free, capacity := workload.Columns(fit.Gpus)
+		s := states[i]
+		before := workload.ShareFragments(free, capacity, mix, s.CPUMilli, s.RAMMiB, unit)
+		after := free
+		if p, ok := sharing.Fit(fit.Gpus, read.Shares, read.Gpus); ok {
+			after, placed[i] = workload.PlacedColumn(free, p, read.Shares), true
+		}
+		some, all = some || placed[i], all && placed[i]
+		out[i] = before - workload.ShareFragments(after, capacity, mix, workload.Sub(s.CPUMilli, cpu), workload.Sub(s.RAMMiB, ram), unit)
+	}
+	if some && !all {
+		low := math.Inf(1)
+		for i, gain := range out {
+			if placed[i] {
+				low = min(low, gain)
+			}
+		}
+		for i := range out {
+			if !placed[i] {
+				out[i] = low - 1
+			}
+		}
 	}
 	return out
 }

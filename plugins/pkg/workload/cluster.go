@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/sharing"
 )
 
 // Placed is what one node's GPU pods add to the cluster's figures: their GPUs, the
@@ -18,8 +19,12 @@ type Placed struct {
 	CPUMilli  int64  // requested by its GPU pods
 	RAMMiB    int64
 	Shapes    []Shape
+	// Classes: what its pods ask of GPUs, per container share and per pod asking
+	// whole GPUs (the share mix).
+	Classes []ClassKey
 	// Demand, in GPUs, of its pods restricted to products (each pod's GPUs split evenly
-	// over its products), and of all its GPU pods.
+	// over its products), and of all its GPU pods; a share counts as its units over
+	// those of one GPU of the node (a whole GPU where they are unknown).
 	Demand      map[string]float64
 	DemandTotal float64
 }
@@ -35,24 +40,41 @@ func Requests(pod *v1.Pod) (int64, int64) {
 // Read is a node's Placed, from its facts and its pods.
 func Read(node *facts.Node, pods []fwk.PodInfo) *Placed {
 	out := &Placed{Model: node.Model, Allocated: node.Allocatable}
+	units := sharing.Units(node.MemoryMiB, 0)
 	for _, info := range pods {
 		pod := info.GetPod()
 		gpus := facts.GpuRequest(pod)
-		if gpus <= 0 {
+		shares, _ := facts.PodShares(pod)
+		if gpus <= 0 && len(shares) == 0 {
 			continue
 		}
 		cpu, ram := Requests(pod)
 		out.CPUMilli += cpu
 		out.RAMMiB += ram
-		read := facts.ReadPod(pod)
-		products := facts.SortedProducts(read.Products)
-		out.Shapes = append(out.Shapes, ShapeOf(gpus, cpu, ram, products))
-		out.DemandTotal += float64(gpus)
+		restricted, _ := facts.Products(pod.Annotations) // unreadable: not restricted
+		products := facts.SortedProducts(restricted)
+		grid := ShapeOf(gpus, cpu, ram, nil)
+		for _, share := range shares {
+			out.Classes = append(out.Classes, ClassKey{"share", share, grid.CPUMilli, grid.RAMMiB})
+		}
+		demand := float64(gpus)
+		for _, share := range shares {
+			if units > 0 {
+				demand += min(1, float64(share)/float64(units))
+			} else {
+				demand++
+			}
+		}
+		if gpus > 0 {
+			out.Shapes = append(out.Shapes, ShapeOf(gpus, cpu, ram, products))
+			out.Classes = append(out.Classes, ClassKey{"whole", gpus, grid.CPUMilli, grid.RAMMiB})
+		}
+		out.DemandTotal += demand
 		for _, product := range products {
 			if out.Demand == nil {
 				out.Demand = map[string]float64{}
 			}
-			out.Demand[product] += float64(gpus) / float64(len(products))
+			out.Demand[product] += demand / float64(len(products))
 		}
 	}
 	return out
@@ -79,19 +101,24 @@ type Cluster struct {
 	demand   map[string]float64
 	total    float64
 	pressure map[string]float64
+	classes  map[ClassKey]int64
+	shareMix []ShareClass
 	dirty    bool
 }
 
 // NewCluster keeps figures over nodes read by read (facts.Nodes.Of).
 func NewCluster(read func(*v1.Node) *facts.Node) *Cluster {
 	return &Cluster{read: read, byName: map[string]*seen{}, counts: NewCounts(),
-		capacity: map[string]int64{}, demand: map[string]float64{}}
+		capacity: map[string]int64{}, demand: map[string]float64{}, classes: map[ClassKey]int64{}}
 }
 
 // Figures is what the scores read of the cluster at one moment.
 type Figures struct {
 	Mix      Mix
 	Pressure map[string]float64
+	// ShareMix: the classes of what placed pods ask of GPUs, heaviest first (empty
+	// where no pod asks a share).
+	ShareMix []ShareClass
 }
 
 // Update brings the figures to the given nodes (every node of the snapshot) and
@@ -120,23 +147,24 @@ func (c *Cluster) Update(nodes []fwk.NodeInfo) Figures {
 		s.epoch = c.epoch
 		if generation := info.GetGeneration(); generation != s.generation {
 			s.generation = generation
-			c.account(s.placed, -1)
+			old := s.placed
 			s.placed = Read(c.read(info.Node()), info.GetPods())
-			c.account(s.placed, 1)
+			c.swap(old, s.placed)
 		}
 	}
 	if len(c.byName) > len(nodes) {
 		for name, s := range c.byName {
 			if s.epoch != c.epoch {
-				c.account(s.placed, -1)
+				c.swap(s.placed, nil)
 				delete(c.byName, name)
 			}
 		}
 	}
 	if c.dirty {
 		c.pressure, c.dirty = Pressure(c.demand, c.total, c.capacity), false
+		c.shareMix = ShareMixOf(c.classes)
 	}
-	return Figures{Mix: c.counts.Mix(), Pressure: c.pressure}
+	return Figures{Mix: c.counts.Mix(), Pressure: c.pressure, ShareMix: c.shareMix}
 }
 
 // Used is the CPU (millicores) and memory (MiB) a node's GPU pods request, as of the
@@ -150,6 +178,31 @@ func (c *Cluster) Used(node string) (int64, int64) {
 	return 0, 0
 }
 
+// swap takes a node's old figures away and adds its new ones. The shapes change by
+// their net difference only, so the mix's count of pods placed and gone moves by one
+// per pod, as the extender's does (a node re-read with one pod more moves it by one).
+func (c *Cluster) swap(old, new *Placed) {
+	delta := map[Shape]int64{}
+	if old != nil {
+		for _, shape := range old.Shapes {
+			delta[shape]--
+		}
+	}
+	if new != nil {
+		for _, shape := range new.Shapes {
+			delta[shape]++
+		}
+	}
+	for shape, d := range delta {
+		if d != 0 {
+			c.counts.Add(shape, d)
+		}
+	}
+	c.account(old, -1)
+	c.account(new, 1)
+}
+
+// account adds (sign 1) or takes away (-1) a node's figures other than its shapes.
 func (c *Cluster) account(p *Placed, sign int64) {
 	if p == nil {
 		return
@@ -162,8 +215,12 @@ func (c *Cluster) account(p *Placed, sign int64) {
 			delete(c.capacity, p.Model)
 		}
 	}
-	for _, shape := range p.Shapes {
-		c.counts.Add(shape, sign)
+	for _, class := range p.Classes {
+		if left := c.classes[class] + sign; left > 0 {
+			c.classes[class] = left
+		} else {
+			delete(c.classes, class)
+		}
 	}
 	c.total += float64(sign) * p.DemandTotal
 	for product, demand := range p.Demand {

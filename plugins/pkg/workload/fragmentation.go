@@ -100,12 +100,12 @@ func (f *Fragmentation) F(s State) float64 {
 // Gain is F(before) - F(after placing a pod of gpus, cpu and memory): the smaller the
 // increase in fragmentation, the higher.
 func (f *Fragmentation) Gain(before State, gpus, cpuMilli, ramMiB int64) float64 {
-	after := State{before.Free - gpus, sub(before.CPUMilli, cpuMilli), sub(before.RAMMiB, ramMiB), before.Model}
+	after := State{before.Free - gpus, Sub(before.CPUMilli, cpuMilli), Sub(before.RAMMiB, ramMiB), before.Model}
 	return Quantise(f.F(before) - f.F(after))
 }
 
-// sub is a - b within the extender's column bounds (its arithmetic cannot overflow).
-func sub(a, b int64) int64 {
+// Sub is a - b within the extender's column bounds (its arithmetic cannot overflow).
+func Sub(a, b int64) int64 {
 	const limit = int64(1) << 61
 	return a - min(max(b, -limit), limit)
 }

@@ -8,6 +8,8 @@ import (
 	"math"
 	"slices"
 	"strings"
+
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
 )
 
 // MaxShapes and Coverage: the mix keeps the shapes that weigh most, at most MaxShapes
@@ -242,6 +244,62 @@ func Pressure(demand map[string]float64, totalDemand float64, capacity map[strin
 		if amount > 0 {
 			out[product] = (demand[product] / totalDemand) / (float64(amount) / float64(totalCapacity))
 		}
+	}
+	return out
+}
+
+// ClassKey is a class of what placed pods ask of GPUs: kind "share" (size: units of
+// one GPU) or "whole" (size: GPUs), with the CPU and memory beside it on the mix's grid.
+type ClassKey struct {
+	Kind     string
+	Size     int64
+	CPUMilli int64
+	RAMMiB   int64
+}
+
+// ShareClass is a class and its share of the placed pods' classes.
+type ShareClass struct {
+	ClassKey
+	Weight float64
+}
+
+// ShareMixOf is the heaviest classes (at most contract.ShareMaxClasses; ties in the
+// classes' order), weights summing to 1; empty where no pod asks a share.
+func ShareMixOf(counts map[ClassKey]int64) []ShareClass {
+	type item struct {
+		key   ClassKey
+		count int64
+	}
+	items := make([]item, 0, len(counts))
+	shares := false
+	for key, count := range counts {
+		items = append(items, item{key, count})
+		shares = shares || key.Kind == "share"
+	}
+	if !shares {
+		return nil
+	}
+	slices.SortFunc(items, func(a, b item) int {
+		switch {
+		case a.count != b.count:
+			return cmp64(b.count, a.count)
+		case a.key.Kind != b.key.Kind:
+			return strings.Compare(a.key.Kind, b.key.Kind)
+		case a.key.Size != b.key.Size:
+			return cmp64(a.key.Size, b.key.Size)
+		case a.key.CPUMilli != b.key.CPUMilli:
+			return cmp64(a.key.CPUMilli, b.key.CPUMilli)
+		}
+		return cmp64(a.key.RAMMiB, b.key.RAMMiB)
+	})
+	items = items[:min(len(items), contract.ShareMaxClasses)]
+	var total int64
+	for _, it := range items {
+		total += it.count
+	}
+	out := make([]ShareClass, len(items))
+	for i, it := range items {
+		out[i] = ShareClass{it.key, float64(it.count) / float64(total)}
 	}
 	return out
 }

@@ -129,9 +129,17 @@ func build(now time.Time, w *world) plugins {
 		spot:  &spotscheduler.SpotScheduler{},
 		infos: map[string]fwk.NodeInfo{},
 	}
+	// Each node lists its pods in the order the API server lists them (by name here: one
+	// namespace), as the extender's cache and kube-scheduler's both first see them: the
+	// fit rule places a sharing node's unreported pods in that order.
 	on := map[string][]*v1.Pod{}
+	byName := make([]*v1.Pod, len(w.Pods))
 	for i := range w.Pods {
-		on[w.Pods[i].Spec.NodeName] = append(on[w.Pods[i].Spec.NodeName], &w.Pods[i])
+		byName[i] = &w.Pods[i]
+	}
+	sort.SliceStable(byName, func(i, j int) bool { return byName[i].Name < byName[j].Name })
+	for _, pod := range byName {
+		on[pod.Spec.NodeName] = append(on[pod.Spec.NodeName], pod)
 	}
 	for i := range w.Nodes {
 		info := framework.NewNodeInfo(on[w.Nodes[i].Name]...)
