@@ -397,3 +397,26 @@ def test_a_share_with_one_node_left_is_explained_with_its_gpu(make_world):
     assert client.post("/filter", json=body).get_json()["NodeNames"] == ["s1"]
     (d,) = remembered
     assert explain(d, "s1").startswith("a 30 GiB share of GPU-s1-0 on s1: ")
+
+
+def test_a_share_counted_before_its_node_is_known_is_recounted_when_the_node_comes():
+    """Pods and Nodes arrive in either order: a share counted while its node was unknown
+    asks a whole GPU, and asks its units over the node's GPU's once the node is known."""
+    from extender.cache import ClusterCache
+
+    t4 = shared_node("t4", gpus=2, gib=16)
+    t4["metadata"]["labels"][contract.LABEL_GPU_PRODUCT] = "T4"
+    g2 = shared_node("g2", gpus=8, gib=16)
+    g2["metadata"]["labels"][contract.LABEL_GPU_PRODUCT] = "G2"
+    cache = ClusterCache()
+    cache.replace_nodes([g2])
+    restricted = share_pod("r", 12, node="t4")
+    restricted["metadata"]["annotations"] = {contract.ANN_GPU_PRODUCTS: "T4"}
+    cache.pod_event("ADDED", restricted)
+    cache.pod_event("ADDED", share_pod("u", 4, node="g2"))
+    cache.node_event("ADDED", t4)
+    # as in the test above: 0.75 of a GPU restricted to T4 of 1.0 asked, not 1 of 1.25
+    assert cache.view().pressure["T4"] == pytest.approx(0.75 / (2 / 10))
+    cache.pod_event("DELETED", restricted)
+    cache.pod_event("DELETED", share_pod("u", 4, node="g2"))
+    assert dict(cache.view().pressure) == {} and cache._demand_total == pytest.approx(0)
