@@ -13,10 +13,13 @@ extender in the profile. The extender path's own scenarios run here unchanged:
 - gangs: two 4 x 8-GPU jobs on six nodes, one placed whole and the other after it,
   as upstream PodGroups (1.37) and through Kueue;
 
+- shares of a GPU: best fit GPU by GPU and the largest free piece in the reason; a
+  share that preempts the whole-GPU pod holding its GPU (which the extender path
+  cannot: tests/e2e/test_shares.py);
+
 on the newest minor and on the oldest (its plugins built with pkg/fwk's 1.34 tag).
-Not here: shares of a GPU and DRA GPUs (the plugins refuse shares with words that say
-to use the extender path) and gangs kept whole by preemption (the extender's preempt
-verb does that; DefaultPreemption does not).
+Not here: DRA GPUs and gangs kept whole by preemption (the extender's preempt verb
+does that; DefaultPreemption does not).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from tests.e2e import test_gangs as gangs
 from tests.e2e import test_placement as placement
 from tests.e2e import test_preemption as preemption
 from tests.e2e import test_preemption_state as preemption_state
+from tests.e2e import test_shares as shares
 from tests.e2e.kube import core, ensure_namespace, unique, wait_bound, wait_event
 from tests.e2e.scenarios import gpu_node, place
 from tests.e2e.test_versions import oldest_binary
@@ -135,6 +139,14 @@ def test_a_budget_protected_pod_is_kept_on_a_sick_gpu_node(plugins, tmp_path):
 
 def test_preemption_policy_never_evicts_nothing(plugins):
     preemption.never_preempts(plugins)
+
+
+def test_shares_fit_gpu_by_gpu_and_wait_with_the_largest_piece(plugins):
+    shares.shares_fit_gpu_by_gpu(plugins)
+
+
+def test_a_share_preempts_the_whole_gpu_pod_that_holds_its_gpu(plugins):
+    shares.share_preempts_a_whole_gpu(plugins, preempts=True)
 
 
 @contextlib.contextmanager
