@@ -23,8 +23,9 @@ type Node struct {
 	// MemoryMiB is what one pod can count on per GPU (divided by replicas); -1: no label.
 	MemoryMiB int64
 	Product   string
-	// Model is Product without GFD's -SHARED suffix.
+	// Model is Product without GFD's -SHARED suffix; ModelCode its number (ModelCodeOf).
 	Model        string
+	ModelCode    int32
 	CapacityType string // "spot", "on-demand", or "" (no cloud's label: on-demand)
 	Zone         string
 	Replicas     int64
@@ -77,6 +78,7 @@ func ReadNode(node *v1.Node) *Node {
 	}
 	out.Product = labels[contract.LabelGpuProduct]
 	out.Model = strings.TrimSuffix(out.Product, contract.SharedSuffix)
+	out.ModelCode = ModelCodeOf(out.Model)
 	out.CapacityType = CapacityType(labels)
 	out.Zone = labels[contract.LabelZone]
 	migSingle := out.Product != "" && strings.Contains(out.Product, contract.MigPart)
@@ -187,4 +189,29 @@ func (c *Cache) Forget(name string) {
 	c.mu.Lock()
 	delete(c.nodes, name)
 	c.mu.Unlock()
+}
+
+// MaxModelCodes bounds the GPU models numbered; past it a model gets -1 (a label
+// value is anyone's to write).
+const MaxModelCodes = 1 << 16
+
+var modelCodes = struct {
+	sync.Mutex
+	codes map[string]int32
+}{codes: map[string]int32{"": 0}}
+
+// ModelCodeOf numbers GPU models once for the process: 0 for none, -1 past
+// MaxModelCodes. What reads many nodes a pod keys by the number, not the string.
+func ModelCodeOf(model string) int32 {
+	modelCodes.Lock()
+	defer modelCodes.Unlock()
+	code, ok := modelCodes.codes[model]
+	if !ok {
+		if len(modelCodes.codes) >= MaxModelCodes {
+			return -1
+		}
+		code = int32(len(modelCodes.codes))
+		modelCodes.codes[model] = code
+	}
+	return code
 }

@@ -136,10 +136,9 @@ func (p *GPUScheduler) Filter(_ context.Context, cs fwk.CycleState, _ *v1.Pod, i
 	fit := p.fit(info)
 	if code := RefuseAny(s.pod, fit); code != 0 && Unresolvable(code) {
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, Words(s.pod, fit, code))
-	} else if !s.oldest.IsZero() && p.heartbeats.Silent(node.Name, s.oldest) {
-		renewed, _ := p.heartbeats.Of(node.Name)
+	} else if !s.oldest.IsZero() && silent(fit.Renewed, fit.Managed, s.oldest) {
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable,
-			SilentWords(renewed, s.now, p.args.HeartbeatWindow.Duration))
+			SilentWords(fit.Renewed, s.now, p.args.HeartbeatWindow.Duration))
 	} else if code != 0 {
 		return fwk.NewStatus(fwk.Unschedulable, Words(s.pod, fit, code))
 	}
@@ -149,9 +148,9 @@ func (p *GPUScheduler) Filter(_ context.Context, cs fwk.CycleState, _ *v1.Pod, i
 // fit reads a node as the rule needs it.
 func (p *GPUScheduler) fit(info fwk.NodeInfo) Fit {
 	node := info.Node()
-	_, managed := p.heartbeats.Of(node.Name)
+	renewed, managed := p.heartbeats.Of(node.Name)
 	used := info.GetRequested().GetScalarResources()[v1.ResourceName(contract.ResourceGpu)]
-	fit := Fit{Node: p.nodes.Of(node), Managed: managed, Used: used}
+	fit := Fit{Node: p.nodes.Of(node), Managed: managed, Renewed: renewed, Used: used}
 	if fit.Node.Shared != nil {
 		fit.Gpus = p.usages.Of(fit.Node.Shared, info)
 	}

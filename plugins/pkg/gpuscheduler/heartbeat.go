@@ -119,6 +119,11 @@ func (h *Heartbeats) Guard(oldest time.Time) string {
 // Silent: the node's agent holds a Lease last renewed before oldest.
 func (h *Heartbeats) Silent(node string, oldest time.Time) bool {
 	renewed, ok := h.Of(node)
+	return silent(renewed, ok, oldest)
+}
+
+// silent: a heartbeat known (ok) and renewed before oldest.
+func silent(renewed time.Time, ok bool, oldest time.Time) bool {
 	return ok && !renewed.IsZero() && renewed.Before(oldest)
 }
 

@@ -3,6 +3,7 @@ package gpuscheduler
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
@@ -14,6 +15,7 @@ import (
 type Fit struct {
 	Node    *facts.Node
 	Managed bool
+	Renewed time.Time // its agent's last heartbeat (Managed: it has one)
 	Used    int64
 	// Gpus: a sharing node's GPUs as the fit rule places its pods (nil elsewhere).
 	Gpus []sharing.Gpu

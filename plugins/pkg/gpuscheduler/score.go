@@ -23,7 +23,8 @@ type Scored struct {
 	Nodes []string
 	Parts map[string][]float64
 	Total []float64
-	index map[string]int
+	infos []fwk.NodeInfo
+	index map[string]int // built only where NormalizeScore's list is not in Nodes' order
 }
 
 func (s *Scored) Clone() fwk.StateData { return s }
@@ -48,12 +49,12 @@ func (p *GPUScheduler) PreScore(_ context.Context, cs fwk.CycleState, pod *v1.Po
 		s = p.read(pod)
 		cs.Write(stateKey, s)
 	}
-	out := &Scored{Nodes: make([]string, 0, len(nodes)), Parts: map[string][]float64{}, index: map[string]int{}}
+	out := &Scored{Nodes: make([]string, 0, len(nodes)), Parts: map[string][]float64{}}
 	fits := make([]Fit, 0, len(nodes))
 	for _, info := range nodes {
 		if node := info.Node(); node != nil {
-			out.index[node.Name] = len(out.Nodes)
 			out.Nodes = append(out.Nodes, node.Name)
+			out.infos = append(out.infos, info)
 			fits = append(fits, p.fit(info))
 		}
 	}
@@ -77,7 +78,7 @@ func (p *GPUScheduler) PreScore(_ context.Context, cs fwk.CycleState, pod *v1.Po
 			}
 		}
 		if weights["fragmentation"] > 0 {
-			if gains := p.fragmentation(pod, s.pod, figures, fits); gains != nil {
+			if gains := p.fragmentation(pod, s.pod, figures, fits, out.infos); gains != nil {
 				out.Parts["fragmentation"] = score.Stretch(gains)
 			}
 		}
@@ -112,12 +113,14 @@ func scarcity(pressure map[string]float64, fits []Fit) []float64 {
 // fragmentation is each node's fragmentation gain for the pod (nil: the score has
 // nothing to say): on whole GPUs over the workload mix, on partial GPUs over the share
 // mix for a pod asking shares.
-func (p *GPUScheduler) fragmentation(pod *v1.Pod, read *facts.Pod, figures workload.Figures, fits []Fit) []float64 {
+func (p *GPUScheduler) fragmentation(pod *v1.Pod, read *facts.Pod, figures workload.Figures, fits []Fit, infos []fwk.NodeInfo) []float64 {
 	cpu, ram := workload.Requests(pod)
 	states := make([]workload.State, len(fits))
+	used := p.cluster.Used(infos)
 	for i, fit := range fits {
-		used, usedRAM := p.cluster.Used(fit.Node.Name)
-		states[i] = workload.State{Free: fit.Free(), CPUMilli: workload.Unlimited, RAMMiB: workload.Unlimited, Model: fit.Node.Model}
+		used, usedRAM := used[i][0], used[i][1]
+		states[i] = workload.State{Free: fit.Free(), CPUMilli: workload.Unlimited, RAMMiB: workload.Unlimited,
+			Model: fit.Node.Model, ModelCode: fit.Node.ModelCode}
 		if fit.Node.CPUMilli >= 0 {
 			states[i].CPUMilli = fit.Node.CPUMilli - used
 		}
@@ -244,18 +247,39 @@ func total(parts map[string][]float64, weights map[string]int64, n int) []float6
 	return out
 }
 
-// Score answers the node's weighted mean from PreScore.
-func (p *GPUScheduler) Score(_ context.Context, cs fwk.CycleState, _ *v1.Pod, info fwk.NodeInfo) (int64, *fwk.Status) {
-	s := ScoresOf(cs)
-	node := info.Node()
-	if s == nil || node == nil {
-		return 0, nil
-	}
-	if i, ok := s.index[node.Name]; ok {
-		return int64(math.Round(s.Total[i])), nil
-	}
+// Score is 0: NormalizeScore gives each node its weighted mean from PreScore (a map
+// from node to score, filled for 500 nodes a pod, costs more than the whole score).
+func (p *GPUScheduler) Score(context.Context, fwk.CycleState, *v1.Pod, fwk.NodeInfo) (int64, *fwk.Status) {
 	return 0, nil
 }
 
-// ScoreExtensions: the scores are already on 0..MaxNodeScore.
-func (p *GPUScheduler) ScoreExtensions() fwk.ScoreExtensions { return nil }
+// ScoreExtensions: NormalizeScore.
+func (p *GPUScheduler) ScoreExtensions() fwk.ScoreExtensions { return p }
+
+// NormalizeScore gives each node its weighted mean, on 0..MaxNodeScore. kube-scheduler
+// lists the nodes in the order PreScore had them; a list in another order is matched
+// by name.
+func (p *GPUScheduler) NormalizeScore(_ context.Context, cs fwk.CycleState, _ *v1.Pod, scores fwk.NodeScoreList) *fwk.Status {
+	s := ScoresOf(cs)
+	if s == nil {
+		return nil
+	}
+	for i := range scores {
+		at := i
+		if i >= len(s.Nodes) || s.Nodes[i] != scores[i].Name {
+			if s.index == nil {
+				s.index = make(map[string]int, len(s.Nodes))
+				for k, name := range s.Nodes {
+					s.index[name] = k
+				}
+			}
+			var ok bool
+			if at, ok = s.index[scores[i].Name]; !ok {
+				scores[i].Score = 0
+				continue
+			}
+		}
+		scores[i].Score = int64(math.Round(s.Total[at]))
+	}
+	return nil
+}

@@ -94,7 +94,8 @@ type Cluster struct {
 	mu       sync.Mutex
 	read     func(*v1.Node) *facts.Node
 	byName   map[string]*seen
-	list     []*seen // by position in the last list given
+	byInfo   map[fwk.NodeInfo]*seen // the same entries by the snapshot's NodeInfo
+	list     []*seen                // by position in the last list given
 	epoch    uint64
 	counts   *Counts
 	capacity map[string]int64
@@ -108,7 +109,7 @@ type Cluster struct {
 
 // NewCluster keeps figures over nodes read by read (facts.Nodes.Of).
 func NewCluster(read func(*v1.Node) *facts.Node) *Cluster {
-	return &Cluster{read: read, byName: map[string]*seen{}, counts: NewCounts(),
+	return &Cluster{read: read, byName: map[string]*seen{}, byInfo: map[fwk.NodeInfo]*seen{}, counts: NewCounts(),
 		capacity: map[string]int64{}, demand: map[string]float64{}, classes: map[ClassKey]int64{}}
 }
 
@@ -126,7 +127,6 @@ type Figures struct {
 func (c *Cluster) Update(nodes []fwk.NodeInfo) Figures {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.epoch++
 	if len(c.list) != len(nodes) {
 		c.list = make([]*seen, len(nodes))
 	}
@@ -142,9 +142,12 @@ func (c *Cluster) Update(nodes []fwk.NodeInfo) Figures {
 				s = &seen{generation: -1}
 				c.byName[node.Name] = s
 			}
+			if s.info != nil {
+				delete(c.byInfo, s.info)
+			}
 			s.info, c.list[i] = info, s
+			c.byInfo[info] = s
 		}
-		s.epoch = c.epoch
 		if generation := info.GetGeneration(); generation != s.generation {
 			s.generation = generation
 			old := s.placed
@@ -152,11 +155,18 @@ func (c *Cluster) Update(nodes []fwk.NodeInfo) Figures {
 			c.swap(old, s.placed)
 		}
 	}
-	if len(c.byName) > len(nodes) {
+	if len(c.byName) > len(nodes) { // some are gone: mark those still listed
+		c.epoch++
+		for _, s := range c.list {
+			if s != nil {
+				s.epoch = c.epoch
+			}
+		}
 		for name, s := range c.byName {
 			if s.epoch != c.epoch {
 				c.swap(s.placed, nil)
 				delete(c.byName, name)
+				delete(c.byInfo, s.info)
 			}
 		}
 	}
@@ -167,15 +177,23 @@ func (c *Cluster) Update(nodes []fwk.NodeInfo) Figures {
 	return Figures{Mix: c.counts.Mix(), Pressure: c.pressure, ShareMix: c.shareMix}
 }
 
-// Used is the CPU (millicores) and memory (MiB) a node's GPU pods request, as of the
-// last Update.
-func (c *Cluster) Used(node string) (int64, int64) {
+// Used is, for each of the given nodes (the snapshot's, as Update saw them), the CPU
+// (millicores) and memory (MiB) its GPU pods request, as of the last Update: found by
+// the NodeInfo itself, under one lock.
+func (c *Cluster) Used(infos []fwk.NodeInfo) [][2]int64 {
+	out := make([][2]int64, len(infos))
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if s := c.byName[node]; s != nil && s.placed != nil {
-		return s.placed.CPUMilli, s.placed.RAMMiB
+	for i, info := range infos {
+		s := c.byInfo[info]
+		if s == nil && info.Node() != nil {
+			s = c.byName[info.Node().Name]
+		}
+		if s != nil && s.placed != nil {
+			out[i] = [2]int64{s.placed.CPUMilli, s.placed.RAMMiB}
+		}
 	}
-	return 0, 0
+	return out
 }
 
 // swap takes a node's old figures away and adds its new ones. The shapes change by

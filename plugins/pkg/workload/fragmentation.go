@@ -18,11 +18,12 @@ func Quantise(value float64) float64 { return math.RoundToEven(value*1e9) / 1e9 
 type State struct {
 	Free, CPUMilli, RAMMiB int64
 	Model                  string
+	ModelCode              int32 // facts.ModelCodeOf(Model); -1: not numbered
 }
 
 type key struct {
 	free, cpuAt, ramAt int
-	model              string
+	model              int32
 }
 
 // MaxMemo bounds the states remembered per mix.
@@ -79,9 +80,10 @@ func (f *Fragmentation) F(s State) float64 {
 	if s.Free <= 0 {
 		return 0
 	}
-	k := key{int(min(s.Free, f.top)), levelsAt(f.cpuLevels, s.CPUMilli), levelsAt(f.ramLevels, s.RAMMiB), s.Model}
+	k := key{int(min(s.Free, f.top)), levelsAt(f.cpuLevels, s.CPUMilli), levelsAt(f.ramLevels, s.RAMMiB), s.ModelCode}
 	fitting, ok := f.memo[k]
-	if !ok {
+	if !ok || s.ModelCode < 0 {
+		fitting = 0
 		for i, entry := range f.mix {
 			shape := entry.Shape
 			if shape.Gpus <= s.Free && shape.CPUMilli <= s.CPUMilli && shape.RAMMiB <= s.RAMMiB &&
@@ -92,7 +94,9 @@ func (f *Fragmentation) F(s State) float64 {
 		if len(f.memo) >= MaxMemo {
 			clear(f.memo)
 		}
-		f.memo[k] = fitting
+		if s.ModelCode >= 0 {
+			f.memo[k] = fitting
+		}
 	}
 	return float64(s.Free) * (1 - fitting)
 }
@@ -100,7 +104,7 @@ func (f *Fragmentation) F(s State) float64 {
 // Gain is F(before) - F(after placing a pod of gpus, cpu and memory): the smaller the
 // increase in fragmentation, the higher.
 func (f *Fragmentation) Gain(before State, gpus, cpuMilli, ramMiB int64) float64 {
-	after := State{before.Free - gpus, Sub(before.CPUMilli, cpuMilli), Sub(before.RAMMiB, ramMiB), before.Model}
+	after := State{before.Free - gpus, Sub(before.CPUMilli, cpuMilli), Sub(before.RAMMiB, ramMiB), before.Model, before.ModelCode}
 	return Quantise(f.F(before) - f.F(after))
 }
 

@@ -81,24 +81,24 @@ func TestFragmentation(t *testing.T) {
 			four = e.Share
 		}
 	}
-	node := State{Free: 4, CPUMilli: 8000, RAMMiB: 1 << 20, Model: "A"}
+	node := State{Free: 4, CPUMilli: 8000, RAMMiB: 1 << 20, Model: "A", ModelCode: 1}
 	if got := f.F(node); got != 0 {
 		t.Errorf("4 free GPUs fit every shape: F = %v", got)
 	}
-	three := State{Free: 3, CPUMilli: 8000, RAMMiB: 1 << 20, Model: "A"}
+	three := State{Free: 3, CPUMilli: 8000, RAMMiB: 1 << 20, Model: "A", ModelCode: 1}
 	if got, want := f.F(three), 3*four; math.Abs(got-want) > 1e-12 {
 		t.Errorf("3 free GPUs: F = %v, want %v", got, want)
 	}
-	starved := State{Free: 4, CPUMilli: 500, RAMMiB: 1 << 20, Model: "A"}
+	starved := State{Free: 4, CPUMilli: 500, RAMMiB: 1 << 20, Model: "A", ModelCode: 1}
 	if got := f.F(starved); got != 4 {
 		t.Errorf("no CPU beside the GPUs: F = %v, want 4", got)
 	}
 	// Taking the last GPU leaves nothing to fragment; taking one of four breaks a 4.
-	if last, one := f.Gain(State{1, 8000, 1 << 20, "A"}, 1, 1000, 0), f.Gain(node, 1, 1000, 0); last <= one {
+	if last, one := f.Gain(State{1, 8000, 1 << 20, "A", 1}, 1, 1000, 0), f.Gain(node, 1, 1000, 0); last <= one {
 		t.Errorf("gain of the last GPU %v not above breaking four %v", last, one)
 	}
 	restricted := NewFragmentation(MixOf(map[Shape]int64{ShapeOf(1, 0, 0, []string{"B"}): 1}))
-	if got := restricted.F(State{Free: 2, Model: "A", CPUMilli: Unlimited, RAMMiB: Unlimited}); got != 2 {
+	if got := restricted.F(State{Free: 2, Model: "A", ModelCode: 1, CPUMilli: Unlimited, RAMMiB: Unlimited}); got != 2 {
 		t.Errorf("a model no shape may use is all fragmented: F = %v", got)
 	}
 }

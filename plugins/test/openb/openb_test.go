@@ -182,6 +182,7 @@ func (c *cluster) run(ctx context.Context, f *file, pod *v1.Pod) (cycle, error) 
 		return out, fmt.Errorf("GPUScheduler PreScore: %v", status)
 	}
 	scored := gpuscheduler.ScoresOf(state)
+	list := make(fwk.NodeScoreList, len(out.fits))
 	for i, name := range out.fits {
 		if scored.Nodes[i] != name {
 			return out, fmt.Errorf("GPUScheduler scored %s at %d, not %s", scored.Nodes[i], i, name)
@@ -190,7 +191,13 @@ func (c *cluster) run(ctx context.Context, f *file, pod *v1.Pod) (cycle, error) 
 		if !status.IsSuccess() {
 			return out, fmt.Errorf("GPUScheduler Score on %s: %v", name, status)
 		}
-		out.kube[i] += f.Profile.Plugins[gpuscheduler.Name] * s
+		list[i] = fwk.NodeScore{Name: name, Score: s}
+	}
+	if st := c.gpu.ScoreExtensions().NormalizeScore(ctx, state, pod, list); !st.IsSuccess() {
+		return out, fmt.Errorf("GPUScheduler NormalizeScore: %v", st)
+	}
+	for i := range list {
+		out.kube[i] += f.Profile.Plugins[gpuscheduler.Name] * list[i].Score
 	}
 	for _, policy := range config.ScorePolicies {
 		if part, ok := scored.Parts[policy]; ok {
