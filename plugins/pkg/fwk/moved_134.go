@@ -12,6 +12,8 @@ type (
 	FilterPlugin        = fw.FilterPlugin
 	PreScorePlugin      = fw.PreScorePlugin
 	ScorePlugin         = fw.ScorePlugin
+	ReservePlugin       = fw.ReservePlugin
+	PostBindPlugin      = fw.PostBindPlugin
 	EnqueueExtensions   = fw.EnqueueExtensions
 	PreFilterResult     = fw.PreFilterResult
 	PreFilterExtensions = fw.PreFilterExtensions

@@ -34,11 +34,12 @@ type GPUScheduler struct {
 	heartbeats *Heartbeats
 	now        func() time.Time
 	placements *Placements // GPUPlacement Events (placement.go); nil: none
-	// all lists every node of the cycle's snapshot (the cluster's figures).
-	all     func() ([]fwk.NodeInfo, error)
-	cluster *workload.Cluster
-	frag    *workload.Fragmentation // the last mix's measure
-	usages  *Usages
+	// snapshot lists every node of the cycle's snapshot (the cluster's figures).
+	snapshot *workload.Nodes
+	cluster  *workload.Cluster
+	frag     *workload.Fragmentation // the last mix's measure
+	usages   *Usages
+	fits     *fitCache
 }
 
 var (
@@ -57,7 +58,10 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 	}
 	p := NewWith(args, NewHeartbeats(), time.Now)
 	if handle != nil {
-		p.all = func() ([]fwk.NodeInfo, error) { return handle.SnapshotSharedLister().NodeInfos().List() }
+		p.snapshot = &workload.Nodes{
+			List: func() ([]fwk.NodeInfo, error) { return handle.SnapshotSharedLister().NodeInfos().List() },
+			Get:  func(name string) (fwk.NodeInfo, error) { return handle.SnapshotSharedLister().NodeInfos().Get(name) },
+		}
 	}
 	if args.HeartbeatWindow.Duration > 0 && handle != nil && handle.ClientSet() != nil {
 		p.heartbeats.WatchLeases(handle.ClientSet(), args.Namespace, ctx.Done())
@@ -72,13 +76,21 @@ func NewWith(args config.GPUSchedulerArgs, heartbeats *Heartbeats, now func() ti
 		args.Weights = config.DefaultWeights
 	}
 	return &GPUScheduler{args: args, nodes: facts.Nodes, heartbeats: heartbeats, now: now,
-		cluster: workload.NewCluster(facts.Nodes.Of), usages: NewUsages()}
+		cluster: workload.NewCluster(facts.Nodes.Of), usages: NewUsages(), fits: newFitCache()}
 }
 
 // OverNodes makes the plugin read the cluster's figures from the given list of every
 // node (tests, the conformance suite; New reads kube-scheduler's snapshot).
 func (p *GPUScheduler) OverNodes(all func() ([]fwk.NodeInfo, error)) *GPUScheduler {
-	p.all = all
+	p.snapshot = &workload.Nodes{List: all, Get: func(name string) (fwk.NodeInfo, error) {
+		nodes, err := all()
+		for _, info := range nodes {
+			if node := info.Node(); node != nil && node.Name == name {
+				return info, nil
+			}
+		}
+		return nil, err
+	}}
 	return p
 }
 

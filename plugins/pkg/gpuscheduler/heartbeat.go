@@ -3,6 +3,7 @@ package gpuscheduler
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -25,6 +26,9 @@ type Heartbeats struct {
 	// once a pod (it reads every Lease: 5,000 at 5,000 nodes).
 	guardAt  time.Time
 	guardWhy string
+	// presence counts Leases that came or went (not renewals): what a node's Fit
+	// remembers of its agent holds until it moves.
+	presence atomic.Uint64
 }
 
 // NewHeartbeats is an empty set (tests fill it with Set).
@@ -52,6 +56,7 @@ func (h *Heartbeats) WatchLeases(client kubernetes.Interface, namespace string, 
 				delete(h.renewed, lease.Name)
 				h.guardAt = time.Time{}
 				h.mu.Unlock()
+				h.presence.Add(1)
 			}
 		},
 	})
@@ -74,10 +79,17 @@ func (h *Heartbeats) put(obj any) {
 // Set records a node's last renewal (zero: a Lease not renewed yet).
 func (h *Heartbeats) Set(node string, renewed time.Time) {
 	h.mu.Lock()
+	_, known := h.renewed[node]
 	h.renewed[node] = renewed
 	h.guardAt = time.Time{} // worked out again on the next pod
 	h.mu.Unlock()
+	if !known {
+		h.presence.Add(1)
+	}
 }
+
+// Presence moves when a Lease comes or goes (not when one is renewed).
+func (h *Heartbeats) Presence() uint64 { return h.presence.Load() }
 
 // Of is the node's last renewal and whether it has a Lease (is agent-managed).
 func (h *Heartbeats) Of(node string) (time.Time, bool) {

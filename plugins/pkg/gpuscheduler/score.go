@@ -51,13 +51,12 @@ func (p *GPUScheduler) PreScore(_ context.Context, cs fwk.CycleState, pod *v1.Po
 	}
 	out := &Scored{Nodes: make([]string, 0, len(nodes)), Parts: map[string][]float64{}}
 	fits := make([]Fit, 0, len(nodes))
-	for _, info := range nodes {
-		if node := info.Node(); node != nil {
-			out.Nodes = append(out.Nodes, node.Name)
-			out.infos = append(out.infos, info)
-			fits = append(fits, p.fit(info))
-		}
-	}
+	used := make([][2]int64, 0, len(nodes))
+	p.fits.read(p, nodes, func(name string, info fwk.NodeInfo, fit Fit, u [2]int64) {
+		out.Nodes = append(out.Nodes, name)
+		out.infos = append(out.infos, info)
+		fits, used = append(fits, fit), append(used, u)
+	})
 	weights := p.args.Weights
 	if weights["gpu"] > 0 {
 		raw := make([]float64, len(fits))
@@ -66,19 +65,18 @@ func (p *GPUScheduler) PreScore(_ context.Context, cs fwk.CycleState, pod *v1.Po
 		}
 		out.Parts["gpu"] = score.Stretch(raw)
 	}
-	if s.pod.WantsGpus() && (weights["scarcity"] > 0 || weights["fragmentation"] > 0) && p.all != nil {
-		all, err := p.all()
+	if s.pod.WantsGpus() && (weights["scarcity"] > 0 || weights["fragmentation"] > 0) && p.snapshot != nil {
+		figures, err := p.cluster.Figures(*p.snapshot)
 		if err != nil {
 			return fwk.AsStatus(err)
 		}
-		figures := p.cluster.Update(all)
 		if weights["scarcity"] > 0 && s.pod.Products == nil {
 			if part := scarcity(figures.Pressure, fits); part != nil {
 				out.Parts["scarcity"] = part
 			}
 		}
 		if weights["fragmentation"] > 0 {
-			if gains := p.fragmentation(pod, s.pod, figures, fits, out.infos); gains != nil {
+			if gains := p.fragmentation(pod, s.pod, figures, fits, used); gains != nil {
 				out.Parts["fragmentation"] = score.Stretch(gains)
 			}
 		}
@@ -113,10 +111,9 @@ func scarcity(pressure map[string]float64, fits []Fit) []float64 {
 // fragmentation is each node's fragmentation gain for the pod (nil: the score has
 // nothing to say): on whole GPUs over the workload mix, on partial GPUs over the share
 // mix for a pod asking shares.
-func (p *GPUScheduler) fragmentation(pod *v1.Pod, read *facts.Pod, figures workload.Figures, fits []Fit, infos []fwk.NodeInfo) []float64 {
+func (p *GPUScheduler) fragmentation(pod *v1.Pod, read *facts.Pod, figures workload.Figures, fits []Fit, used [][2]int64) []float64 {
 	cpu, ram := workload.Requests(pod)
 	states := make([]workload.State, len(fits))
-	used := p.cluster.Used(infos)
 	for i, fit := range fits {
 		used, usedRAM := used[i][0], used[i][1]
 		states[i] = workload.State{Free: fit.Free(), CPUMilli: workload.Unlimited, RAMMiB: workload.Unlimited,

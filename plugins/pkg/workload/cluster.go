@@ -2,6 +2,7 @@ package workload
 
 import (
 	"sync"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourcehelper "k8s.io/component-helpers/resource"
@@ -92,7 +93,10 @@ type seen struct {
 // kept by adding and taking away what changed.
 type Cluster struct {
 	mu       sync.Mutex
-	read     func(*v1.Node) *facts.Node
+	readNode func(*v1.Node) *facts.Node
+	now      func() time.Time
+	scanned  time.Time // the last full scan
+	touched  []string  // nodes to read again at the next Figures
 	byName   map[string]*seen
 	byInfo   map[fwk.NodeInfo]*seen // the same entries by the snapshot's NodeInfo
 	list     []*seen                // by position in the last list given
@@ -109,7 +113,7 @@ type Cluster struct {
 
 // NewCluster keeps figures over nodes read by read (facts.Nodes.Of).
 func NewCluster(read func(*v1.Node) *facts.Node) *Cluster {
-	return &Cluster{read: read, byName: map[string]*seen{}, byInfo: map[fwk.NodeInfo]*seen{}, counts: NewCounts(),
+	return &Cluster{readNode: read, now: time.Now, byName: map[string]*seen{}, byInfo: map[fwk.NodeInfo]*seen{}, counts: NewCounts(),
 		capacity: map[string]int64{}, demand: map[string]float64{}, classes: map[ClassKey]int64{}}
 }
 
@@ -122,38 +126,75 @@ type Figures struct {
 	ShareMix []ShareClass
 }
 
-// Update brings the figures to the given nodes (every node of the snapshot) and
-// answers them.
-func (c *Cluster) Update(nodes []fwk.NodeInfo) Figures {
+// ScanEvery: how often Figures reads every node of the snapshot. In between it reads
+// again only the nodes this scheduler placed pods on (Touch: Reserve and Unreserve)
+// and the nodes it is asked about (Refresh): what changed elsewhere (pods gone, other
+// schedulers' pods) reaches the workload mix and the product pressure within this.
+const ScanEvery = time.Second
+
+// Nodes lists every node of the cycle's snapshot, and finds one by name.
+type Nodes struct {
+	List func() ([]fwk.NodeInfo, error)
+	Get  func(name string) (fwk.NodeInfo, error)
+}
+
+// Touch marks a node this scheduler just placed a pod on, or took one back from: the
+// next Figures reads it again.
+func (c *Cluster) Touch(node string) {
+	c.mu.Lock()
+	c.touched = append(c.touched, node)
+	c.mu.Unlock()
+}
+
+// Figures are the cluster's figures, read from the snapshot as ScanEvery says.
+func (c *Cluster) Figures(nodes Nodes) (Figures, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if now := c.now(); c.scanned.IsZero() || now.Sub(c.scanned) >= ScanEvery {
+		all, err := nodes.List()
+		if err != nil {
+			return Figures{}, err
+		}
+		c.scan(all)
+		c.scanned, c.touched = now, c.touched[:0]
+	} else {
+		for _, name := range c.touched {
+			if info, err := nodes.Get(name); err == nil && info != nil {
+				c.refresh(info)
+			}
+		}
+		c.touched = c.touched[:0]
+	}
+	if c.dirty {
+		c.pressure, c.dirty = Pressure(c.demand, c.total, c.capacity), false
+		c.shareMix = ShareMixOf(c.classes)
+	}
+	return Figures{Mix: c.counts.Mix(), Pressure: c.pressure, ShareMix: c.shareMix}, nil
+}
+
+// Update reads every given node (every node of the snapshot) and answers the figures.
+func (c *Cluster) Update(nodes []fwk.NodeInfo) Figures {
+	c.mu.Lock()
+	c.scanned = time.Time{}
+	c.mu.Unlock()
+	figures, _ := c.Figures(Nodes{List: func() ([]fwk.NodeInfo, error) { return nodes, nil }})
+	return figures
+}
+
+// scan reads every node whose NodeInfo changed, and drops the nodes gone (lock held).
+func (c *Cluster) scan(nodes []fwk.NodeInfo) {
 	if len(c.list) != len(nodes) {
 		c.list = make([]*seen, len(nodes))
 	}
 	for i, info := range nodes {
 		s := c.list[i]
 		if s == nil || s.info != info {
-			node := info.Node()
-			if node == nil {
+			if s = c.entry(info); s == nil {
 				continue
 			}
-			s = c.byName[node.Name]
-			if s == nil {
-				s = &seen{generation: -1}
-				c.byName[node.Name] = s
-			}
-			if s.info != nil {
-				delete(c.byInfo, s.info)
-			}
-			s.info, c.list[i] = info, s
-			c.byInfo[info] = s
+			c.list[i] = s
 		}
-		if generation := info.GetGeneration(); generation != s.generation {
-			s.generation = generation
-			old := s.placed
-			s.placed = Read(c.read(info.Node()), info.GetPods())
-			c.swap(old, s.placed)
-		}
+		c.read(s, info)
 	}
 	if len(c.byName) > len(nodes) { // some are gone: mark those still listed
 		c.epoch++
@@ -170,30 +211,58 @@ func (c *Cluster) Update(nodes []fwk.NodeInfo) Figures {
 			}
 		}
 	}
-	if c.dirty {
-		c.pressure, c.dirty = Pressure(c.demand, c.total, c.capacity), false
-		c.shareMix = ShareMixOf(c.classes)
-	}
-	return Figures{Mix: c.counts.Mix(), Pressure: c.pressure, ShareMix: c.shareMix}
 }
 
-// Used is, for each of the given nodes (the snapshot's, as Update saw them), the CPU
-// (millicores) and memory (MiB) its GPU pods request, as of the last Update: found by
-// the NodeInfo itself, under one lock.
-func (c *Cluster) Used(infos []fwk.NodeInfo) [][2]int64 {
-	out := make([][2]int64, len(infos))
+// entry is the node's entry, made on first sight and tied to this NodeInfo (lock held).
+func (c *Cluster) entry(info fwk.NodeInfo) *seen {
+	if s := c.byInfo[info]; s != nil {
+		return s
+	}
+	node := info.Node()
+	if node == nil {
+		return nil
+	}
+	s := c.byName[node.Name]
+	if s == nil {
+		s = &seen{generation: -1}
+		c.byName[node.Name] = s
+	}
+	if s.info != nil {
+		delete(c.byInfo, s.info)
+	}
+	s.info = info
+	c.byInfo[info] = s
+	return s
+}
+
+// read reads the node again where its NodeInfo changed (lock held).
+func (c *Cluster) read(s *seen, info fwk.NodeInfo) {
+	if generation := info.GetGeneration(); generation != s.generation {
+		s.generation = generation
+		old := s.placed
+		s.placed = Read(c.readNode(info.Node()), info.GetPods())
+		c.swap(old, s.placed)
+	}
+}
+
+// refresh reads one node again where it changed (lock held).
+func (c *Cluster) refresh(info fwk.NodeInfo) *seen {
+	s := c.entry(info)
+	if s != nil {
+		c.read(s, info)
+	}
+	return s
+}
+
+// Used is the CPU (millicores) and memory (MiB) a node's GPU pods request, the node
+// read again first where it changed (a candidate the last cycle placed a pod on).
+func (c *Cluster) Used(info fwk.NodeInfo) [2]int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i, info := range infos {
-		s := c.byInfo[info]
-		if s == nil && info.Node() != nil {
-			s = c.byName[info.Node().Name]
-		}
-		if s != nil && s.placed != nil {
-			out[i] = [2]int64{s.placed.CPUMilli, s.placed.RAMMiB}
-		}
+	if s := c.refresh(info); s != nil && s.placed != nil {
+		return [2]int64{s.placed.CPUMilli, s.placed.RAMMiB}
 	}
-	return out
+	return [2]int64{}
 }
 
 // swap takes a node's old figures away and adds its new ones. The shapes change by

@@ -87,6 +87,7 @@ func cycle(b *testing.B, nodes, scored int, weights map[string]int64) {
 		turn++
 		changed := infos[turn%nodes].(*framework.NodeInfo)
 		changed.SetNode(changed.Node()) // a new generation, as an assumed pod gives it
+		gpu.Reserve(ctx, nil, pod, changed.Node().Name)
 		state := framework.NewCycleState()
 		spot.PreFilter(ctx, state, pod, nil)
 		gpu.PreFilter(ctx, state, pod, nil)

@@ -130,6 +130,8 @@ func (c *cluster) bind(pod *v1.Pod, node string) {
 	bound := pod.DeepCopy()
 	bound.Spec.NodeName = node
 	bound.Status.Phase = v1.PodRunning
+	// as kube-scheduler's cycle: Reserve, then the pod is in the node's NodeInfo
+	c.gpu.Reserve(context.Background(), nil, bound, node)
 	c.infos[node].AddPod(bound)
 }
 

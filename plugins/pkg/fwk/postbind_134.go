@@ -1,8 +1,0 @@
-//go:build k8s1_34
-
-package fwk
-
-import fw "k8s.io/kubernetes/pkg/scheduler/framework"
-
-// PostBindPlugin: after a pod is bound (GPUScheduler's GPUPlacement Event).
-type PostBindPlugin = fw.PostBindPlugin

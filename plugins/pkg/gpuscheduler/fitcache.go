@@ -1,0 +1,69 @@
+package gpuscheduler
+
+import (
+	"context"
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
+)
+
+// fitCache keeps, per node of kube-scheduler's snapshot, what PreScore reads of it:
+// its Fit and the CPU and memory of its GPU pods, until its NodeInfo changes or an
+// agent's Lease comes or goes. kube-scheduler's batching calls PreScore again over the
+// same 500 nodes for each alike pod, with one node changed; reading them all again
+// cost a tenth of its CPU at 5,000 nodes.
+type fitCache struct {
+	mu      sync.Mutex
+	entries map[fwk.NodeInfo]*cachedFit
+}
+
+type cachedFit struct {
+	generation int64
+	presence   uint64
+	fit        Fit
+	used       [2]int64
+}
+
+func newFitCache() *fitCache { return &fitCache{entries: map[fwk.NodeInfo]*cachedFit{}} }
+
+// read hands each node with a Node (name, info, its Fit, its GPU pods' CPU and
+// memory) to each, in the given order.
+func (c *fitCache) read(p *GPUScheduler, nodes []fwk.NodeInfo, each func(string, fwk.NodeInfo, Fit, [2]int64)) {
+	presence := p.heartbeats.Presence()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.entries) > 2*len(nodes)+1024 { // NodeInfos gone from the snapshot
+		clear(c.entries)
+	}
+	for _, info := range nodes {
+		node := info.Node()
+		if node == nil {
+			continue
+		}
+		generation := info.GetGeneration()
+		e := c.entries[info]
+		if e == nil || e.generation != generation || e.presence != presence {
+			e = &cachedFit{generation: generation, presence: presence, fit: p.fit(info), used: p.cluster.Used(info)}
+			c.entries[info] = e
+		}
+		each(node.Name, info, e.fit, e.used)
+	}
+}
+
+var (
+	_ fwk.ReservePlugin = &GPUScheduler{}
+)
+
+// Reserve: the node the pod is placed on is read again at the next PreScore (the
+// cluster's figures count the pod from then, as the extender's assume step does).
+func (p *GPUScheduler) Reserve(_ context.Context, _ fwk.CycleState, _ *v1.Pod, node string) *fwk.Status {
+	p.cluster.Touch(node)
+	return nil
+}
+
+// Unreserve: the node the pod was taken back from is read again too.
+func (p *GPUScheduler) Unreserve(_ context.Context, _ fwk.CycleState, _ *v1.Pod, node string) {
+	p.cluster.Touch(node)
+}
