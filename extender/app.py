@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 from flask import Flask
 
-from extender import choice, cluster, metrics, nominated, preemption, wire
+from extender import choice, cluster, cluster_metrics, metrics, nominated, preemption, wire
 from extender.cache import ClusterCache
 from extender.config import ExtenderConfig, load_config
 from extender.endpoints import Call, Endpoints, Then, VerbGuard
@@ -318,6 +318,8 @@ def create_app(
         return cache.ready()
 
     install_ops_endpoints(app, ready)
+    # the cluster's GPUs on /metrics, read from this cache when scraped
+    cluster_metrics.COLLECTOR.source = lambda: cache.view() if cache.synced() else None
     app.add_url_rule(
         "/filter", "filter", lambda: endpoints.serve("filter", decider.filter), methods=["POST"]
     )

@@ -71,12 +71,19 @@ def read_json_body(max_bytes: int) -> Any:
         raise BadInput(f"request body is not JSON: {exc}") from exc
 
 
+#: Collectors that read this process's own state when scraped (the extender's cluster
+#: view: extender/cluster_metrics.py), served beside the others. Under several workers
+#: the worker that answers the scrape serves its own: each holds the whole cluster, so
+#: that is one series, not a sum or a pick over workers' files that outlive their data.
+LIVE = CollectorRegistry()
+
+
 def metrics_payload() -> bytes:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-        return generate_latest(registry)
-    return generate_latest(REGISTRY)
+        return generate_latest(registry) + generate_latest(LIVE)
+    return generate_latest(REGISTRY) + generate_latest(LIVE)
 
 
 def install_ops_endpoints(

@@ -239,7 +239,14 @@ class _Fragmentation:
 
     def __call__(self, *states: tuple[np.ndarray, ...]) -> np.ndarray:
         """F(before) - F(after) for two (free, cpu, ram, model) column sets."""
-        frees, cpus, rams, models = (np.concatenate(parts) for parts in zip(*states, strict=True))
+        value, _ = self.measure(*(np.concatenate(p) for p in zip(*states, strict=True)))
+        half = len(value) // 2
+        return value[:half] - value[half:]
+
+    def measure(
+        self, frees: np.ndarray, cpus: np.ndarray, rams: np.ndarray, models: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(F, the share of the mix that fits) of each (free, cpu, ram, model) state."""
         frees = np.maximum(frees, 0)  # no free GPUs: nothing to fragment
         cpu_at = np.searchsorted(self.cpu_levels, cpus, side="right")
         ram_at = np.searchsorted(self.ram_levels, rams, side="right")
@@ -258,9 +265,7 @@ class _Fragmentation:
             first, inverse = _distinct(self._key(frees, cpu_at, ram_at, models))
             fitting = self._fitting(frees[first], cpu_at[first], ram_at[first], models[first])
             fitting = fitting[inverse]
-        value = np.where(frees > 0, frees * (1.0 - fitting), 0.0)
-        half = len(value) // 2
-        return value[:half] - value[half:]
+        return np.where(frees > 0, frees * (1.0 - fitting), 0.0), fitting
 
     def _key(
         self, free: np.ndarray, cpu_at: np.ndarray, ram_at: np.ndarray, models: np.ndarray
@@ -280,3 +285,12 @@ class _Fragmentation:
         fits &= self.ram_at < ram_at
         fits &= self.allowed[:, models]
         return np.where(fits, self.share, 0.0).sum(axis=0)
+
+
+def node_fragmentation(
+    mix: tuple[MixEntry, ...], models: Codes, cols: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """For rows of a view's table (``cols[c, row]``): each node's F(node) against
+    ``mix``, and the share of the mix that fits its free GPUs, CPU and memory (what
+    the extender exports as the cluster's fragmentation: extender/cluster_metrics.py)."""
+    return _Fragmentation(mix, models).measure(cols[FREE], cols[CPU], cols[RAM], cols[MODEL])
