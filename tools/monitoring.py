@@ -88,6 +88,35 @@ ROWS: list[list[tuple[str, str, str, list[tuple[str, str]]]]] = [
         ]),
     ],
     [
+        # each extender replica serves the whole cluster: max, not sum, over them
+        ("Cluster GPUs by model", "timeseries", "short", [
+            ("max by (model, state) (gpu_scheduler_extender_cluster_gpus)", "{{model}} {{state}}"),
+        ]),
+        ("GPUs allocated of the usable", "timeseries", "percentunit", [
+            ('max by (model) (gpu_scheduler_extender_cluster_gpus{state="allocated"})'
+             ' / max by (model) (gpu_scheduler_extender_cluster_gpus{state="usable"})', "{{model}}"),
+            ('sum(max by (model) (gpu_scheduler_extender_cluster_gpus{state="allocated"}))'
+             ' / sum(max by (model) (gpu_scheduler_extender_cluster_gpus{state="usable"}))', "all"),
+        ]),
+        ("Fragmented free GPUs (FGD)", "timeseries", "short", [
+            ("max by (model) (gpu_scheduler_extender_fragmented_gpus)", "{{model}} fragmented"),
+            ("max by (model) (gpu_scheduler_extender_stranded_gpus)", "{{model}} no shape fits"),
+        ]),
+    ],
+    [
+        ("Shares: GPU memory (GiB) of sharing nodes", "timeseries", "short", [
+            ("max by (model, state) (gpu_scheduler_extender_share_units)", "{{model}} {{state}}"),
+        ]),
+        ("Shared GPUs by memory taken", "timeseries", "short", [
+            ("max by (le) (sum by (pod, le) (gpu_scheduler_extender_shared_gpu_fill_ratio_bucket))",
+             "at most {{le}} taken"),
+        ]),
+        ("Shared GPUs: mean memory taken", "timeseries", "percentunit", [
+            ("max by (model) (gpu_scheduler_extender_shared_gpu_fill_ratio_sum)"
+             " / max by (model) (gpu_scheduler_extender_shared_gpu_fill_ratio_count)", "{{model}}"),
+        ]),
+    ],
+    [
         ("Extender view age", "timeseries", "s", [
             ("time() - min by (pod) (gpu_scheduler_extender_cache_last_contact_timestamp_seconds)",
              "{{pod}}"),

@@ -25,7 +25,8 @@ import pytest
 import requests
 import yaml
 
-from tests.fuzz.servers import extender_fake_cluster
+from tests.factories import make_pod
+from tests.fuzz.servers import NODE_NAMES, extender_fake_cluster
 from tests.helpers import CLI, ROOT, free_port, required, running, tail, wait_for
 
 FILES = ROOT / "charts" / "gpu-scheduler" / "files"
@@ -128,14 +129,22 @@ def _exposed(text: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory, webhook_server_factory, certs_dir) -> set[str]:
+def extender_metrics(tmp_path_factory) -> str:
+    """The extender's /metrics over the fake cluster's GPU nodes, with a GPU pod bound
+    (the cluster's GPUs, fragmentation and shares then have samples)."""
+    work = tmp_path_factory.mktemp("extender")
+    pods = [make_pod("bound", 2, node=NODE_NAMES[0], phase="Running")]
+    with extender_fake_cluster(work, pods=pods) as (url, _pid, _log):
+        return requests.get(url + "/metrics", timeout=10).text
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, webhook_server_factory, certs_dir, extender_metrics) -> set[str]:
     """What the extender, the webhook and the agent serve on /metrics (real processes,
     one worker each, so that families with no sample yet are listed too), and the
     certificate controller's registry."""
     work = tmp_path_factory.mktemp("scrape")
-    names: set[str] = set()
-    with extender_fake_cluster(work) as (url, _pid, _log):
-        names |= _exposed(requests.get(url + "/metrics", timeout=10).text)
+    names = _exposed(extender_metrics)
     webhook = webhook_server_factory(certs_dir, "--workers=1")
     text = requests.get(webhook.url + "/metrics", verify=str(certs_dir / "ca.crt"), timeout=10).text
     names |= _exposed(text)
@@ -192,6 +201,12 @@ def _unknown(exported: set[str], expressions: list[str]) -> list[str]:
 def test_the_scrapes_found_each_component(exported):
     for prefix in ("extender", "webhook", "agent", "certs", "tls"):
         assert any(n.startswith(f"gpu_scheduler_{prefix}_") for n in exported), prefix
+
+
+def test_the_extender_serves_the_clusters_gpus_with_samples(extender_metrics):
+    for name in ("cluster_gpus", "fragmented_gpus", "stranded_gpus", "share_units",
+                 "shared_gpu_fill_ratio_bucket"):  # fmt: skip
+        assert re.search(rf"^gpu_scheduler_extender_{name}{{.*model=", extender_metrics, re.M), name
 
 
 @pytest.mark.parametrize("source", ["dashboard", "rules"])
