@@ -3,11 +3,45 @@ package gpuscheduler
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
 )
+
+// infoFacts finds a node's facts by its NodeInfo without a lock (Filter runs on 16
+// goroutines at once, and the facts cache's read lock was the plugins' costliest
+// line there): valid while the NodeInfo holds the same Node object. A preemption
+// what-if's clones come and go; past maxInfoFacts entries the map starts over.
+type infoFacts struct {
+	m      sync.Map // fwk.NodeInfo -> *nodeFacts
+	stored atomic.Int64
+}
+
+type nodeFacts struct {
+	node  *v1.Node
+	facts *facts.Node
+}
+
+const maxInfoFacts = 1 << 16
+
+// factsOf is the node's facts, read through the facts cache on a miss.
+func (p *GPUScheduler) factsOf(info fwk.NodeInfo, node *v1.Node) *facts.Node {
+	if got, ok := p.byInfo.m.Load(info); ok {
+		if e := got.(*nodeFacts); e.node == node {
+			return e.facts
+		}
+	}
+	read := p.nodes.Of(node)
+	if p.byInfo.stored.Add(1) > maxInfoFacts {
+		p.byInfo.m.Clear()
+		p.byInfo.stored.Store(0)
+	}
+	p.byInfo.m.Store(info, &nodeFacts{node, read})
+	return read
+}
 
 // fitCache keeps, per node of kube-scheduler's snapshot, what PreScore reads of it:
 // its Fit and the CPU and memory of its GPU pods, until its NodeInfo changes or an
@@ -34,7 +68,9 @@ func (c *fitCache) read(p *GPUScheduler, nodes []fwk.NodeInfo, each func(string,
 	presence := p.heartbeats.Presence()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.entries) > 2*len(nodes)+1024 { // NodeInfos gone from the snapshot
+	// NodeInfos gone from the snapshot (nodes deleted) are dropped all at once, past
+	// twice the nodes the cluster holds
+	if len(c.entries) > 2*max(p.cluster.Size(), len(nodes))+1024 {
 		clear(c.entries)
 	}
 	for _, info := range nodes {

@@ -40,6 +40,7 @@ type GPUScheduler struct {
 	frag     *workload.Fragmentation // the last mix's measure
 	usages   *Usages
 	fits     *fitCache
+	byInfo   infoFacts
 }
 
 var (
@@ -162,7 +163,7 @@ func (p *GPUScheduler) fit(info fwk.NodeInfo) Fit {
 	node := info.Node()
 	renewed, managed := p.heartbeats.Of(node.Name)
 	used := info.GetRequested().GetScalarResources()[v1.ResourceName(contract.ResourceGpu)]
-	fit := Fit{Node: p.nodes.Of(node), Managed: managed, Renewed: renewed, Used: used}
+	fit := Fit{Node: p.factsOf(info, node), Managed: managed, Renewed: renewed, Used: used}
 	if fit.Node.Shared != nil {
 		fit.Gpus = p.usages.Of(fit.Node.Shared, info)
 	}

@@ -138,6 +138,13 @@ type Nodes struct {
 	Get  func(name string) (fwk.NodeInfo, error)
 }
 
+// Size is how many nodes the last scan saw.
+func (c *Cluster) Size() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.byName)
+}
+
 // Touch marks a node this scheduler just placed a pod on, or took one back from: the
 // next Figures reads it again.
 func (c *Cluster) Touch(node string) {
