@@ -62,6 +62,27 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         return int(args._run(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        # A user's command (`gpu-scheduler status`, `kubectl gpu-scheduler explain`)
+        # that finds no kubeconfig or no API server says so in one line, not a traceback.
+        problem = _no_cluster(exc) if args.command in KUBECTL_COMMANDS else None
+        if problem is None:
+            raise
+        return fail(args.command, problem, 1)
+
+
+def _no_cluster(exc: Exception) -> str | None:
+    """Why the cluster could not be reached (no kubeconfig, no answer), or None."""
+    from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError, MaxRetryError
+
+    if isinstance(exc, ConfigException):
+        return f"no kubeconfig to use ({exc}); pass --kubeconfig or set KUBECONFIG"
+    if isinstance(exc, MaxRetryError):
+        return f"cannot reach the API server ({exc.url}): {exc.reason}"
+    if isinstance(exc, HTTPError):
+        return f"cannot reach the API server: {exc}"
+    return None
 
 
 def kubectl_main(argv: list[str] | None = None) -> int:

@@ -54,3 +54,17 @@ def test_the_kubectl_plugin_offers_the_read_only_commands(capsys):
     with pytest.raises(SystemExit) as refused:
         kubectl_main(["agent"])
     assert refused.value.code == 2
+
+
+def test_a_users_command_without_a_kubeconfig_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    """`kubectl gpu-scheduler status|explain` with no kubeconfig to use: exit 1 and one
+    line on stderr naming the fix, not a traceback."""
+    from gpu_scheduler.cli import kubectl_main
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    missing = str(tmp_path / "no-such-kubeconfig")
+    for args in (["status"], ["explain", "some-pod"]):
+        assert kubectl_main([*args, "--kubeconfig", missing]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"gpu-scheduler {args[0]}: no kubeconfig to use"), err
+        assert "--kubeconfig or set KUBECONFIG" in err and "\n" not in err
