@@ -60,8 +60,15 @@ CGROUP_ROOT = "gpu-scheduler-lab"
 CGROUP_FS = Path("/sys/fs/cgroup")
 CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
 IMAGES_ENV = ROOT / ".cache" / "images" / "images.env"
-#: The image docs/examples/gpu-pod.yaml runs: the lab's pause image under that name.
-EXAMPLE_IMAGE = "registry.k8s.io/pause:3.10"
+#: The README's GPU pod, run on the node as written.
+EXAMPLE = ROOT / "docs" / "examples" / "gpu-pod.yaml"
+#: The image it names (a CUDA base image, whose nvidia-smi the NVIDIA container toolkit
+#: brings): on the lab's node, the stand-in nvidia-smi image (NVIDIA_SMI_IMAGE, from
+#: tools/image/nvidia-smi.c) under that name, so the pod runs nvidia-smi and exits 0.
+EXAMPLE_IMAGE: str = yaml.safe_load(EXAMPLE.read_text())["spec"]["containers"][0]["image"]
+#: The image of the tests' pods that run until deleted: the lab's pause image under
+#: this name.
+SLEEPER_IMAGE = "registry.k8s.io/pause:3.10"
 TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ip")
 
 
@@ -75,6 +82,16 @@ def images() -> dict[str, str]:
 
 def archive(image: str) -> Path:
     return IMAGES_ENV.parent / (image.replace("/", "_").replace(":", "_") + ".tar")
+
+
+def full_reference(image: str) -> str:
+    """``image`` as containerd stores it, which is how the kubelet looks it up:
+    ``nvidia/cuda:12.9.1-base-ubuntu22.04`` is ``docker.io/nvidia/cuda:...``, ``busybox``
+    ``docker.io/library/busybox``; a name whose first part is a host stays as it is."""
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return image
+    return f"docker.io/{image}" if rest else f"docker.io/library/{image}"
 
 
 def cni_bin_dir() -> str | None:
@@ -98,7 +115,7 @@ def missing() -> str | None:
     if not (CGROUP_FS / "memory").is_dir() and not (CGROUP_FS / "cgroup.controllers").is_file():
         return "a real node needs cgroups mounted at /sys/fs/cgroup"
     names = images()
-    for key in ("GPU_SCHEDULER_IMAGE", "PAUSE_IMAGE"):
+    for key in ("GPU_SCHEDULER_IMAGE", "PAUSE_IMAGE", "NVIDIA_SMI_IMAGE"):
         if key not in names or not archive(names[key]).is_file():
             return f"a real node needs the images: run `make image` ({key} not built)"
     return None
@@ -389,15 +406,16 @@ def start_real_node(
             if not containerd.alive() or time.monotonic() > deadline:
                 raise ControlPlaneError(f"containerd did not start:\n{containerd.tail()}")
             time.sleep(0.2)
-        for key in ("PAUSE_IMAGE", "GPU_SCHEDULER_IMAGE"):
+        for key in ("PAUSE_IMAGE", "GPU_SCHEDULER_IMAGE", "NVIDIA_SMI_IMAGE"):
             _run(
                 "ctr", f"--address={sock}", "--namespace=k8s.io", "images", "import",
                 str(archive(names[key])), timeout=300,
             )  # fmt: skip
-        _run(
-            "ctr", f"--address={sock}", "--namespace=k8s.io", "images", "tag", "--force",
-            names["PAUSE_IMAGE"], EXAMPLE_IMAGE,
-        )  # fmt: skip
+        for key, alias in (("PAUSE_IMAGE", SLEEPER_IMAGE), ("NVIDIA_SMI_IMAGE", EXAMPLE_IMAGE)):
+            _run(
+                "ctr", f"--address={sock}", "--namespace=k8s.io", "images", "tag", "--force",
+                names[key], full_reference(alias),
+            )  # fmt: skip
         node_labels = ",".join(f"{k}={v}" for k, v in (labels or {}).items())
         node_taints = ",".join(f"{t['key']}={t['value']}:{t['effect']}" for t in taints or [])
         kubelet = cluster.spawn(

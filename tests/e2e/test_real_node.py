@@ -411,21 +411,27 @@ def test_gpu_pod_mutated_by_the_webhook_pod_placed_run_and_released(real):
 
 
 def test_the_readme_pod_proves_the_install(real):
-    """The README's commands after the install, as written: its GPU pod runs on the
-    node, and its Events say why that node."""
-    apply, get_pod, get_events = real.proof
+    """The README's commands after the install, as written: its GPU pod (the CUDA image,
+    here the lab's stand-in nvidia-smi under its name) runs nvidia-smi on the node and
+    exits 0, its Events say why that node, and its log is nvidia-smi's."""
+    apply, get_pod, get_events, logs = real.proof
     core = client.CoreV1Api(real.api)
     out = run_readme_command(real, apply)
     assert "pod/gpu-check created" in out, out
     try:
         wait_for(
-            lambda: core.read_namespaced_pod("gpu-check", "default").status.phase == "Running",
+            lambda: core.read_namespaced_pod("gpu-check", "default").status.phase == "Succeeded",
             120,
-            "the README's GPU pod Running",
+            "the README's GPU pod Succeeded (nvidia-smi exited 0)",
             0.5,
         )
+        pod = core.read_namespaced_pod("gpu-check", "default")
+        assert pod.spec.containers[0].image == realnode.EXAMPLE_IMAGE
+        assert pod.spec.scheduler_name == contract.SCHEDULER_NAME
         out = run_readme_command(real, get_pod)
-        assert "Running" in out and NODE in out, out
+        assert "Completed" in out and NODE in out, out
+        out = run_readme_command(real, logs)
+        assert out.startswith("nvidia-smi: the gpu-scheduler lab's stand-in"), out
         wait_for(
             lambda: "gpu-check" in run_readme_command(real, get_events),
             30,
@@ -448,7 +454,7 @@ def test_nothing_a_node_needs_waits_on_the_webhook(real):
     ensure_namespace(real, namespace)
     container = {
         "name": "validator",
-        "image": realnode.EXAMPLE_IMAGE,
+        "image": realnode.SLEEPER_IMAGE,
         "resources": {"limits": {contract.RESOURCE_GPU: "1"}},
     }
     labels = {"app": "lab-validator"}
@@ -535,7 +541,7 @@ def _gpu_pod_body(name: str) -> dict[str, Any]:
             "containers": [
                 {
                     "name": "c",
-                    "image": realnode.EXAMPLE_IMAGE,
+                    "image": realnode.SLEEPER_IMAGE,
                     "resources": {"limits": {contract.RESOURCE_GPU: "1"}},
                 }
             ],

@@ -69,3 +69,41 @@ def test_shim_leaves_real_nodes_to_their_kubelet():
         {"op": "add", "path": "/status/allocatable", "value": {}},
         {"op": "add", "path": "/status/allocatable/nvidia.com~1gpu", "value": "2"},
     ]
+
+
+def test_the_readme_pod_runs_nvidia_smi_once_in_a_cuda_image():
+    """docs/examples/gpu-pod.yaml: one GPU, nvidia-smi, never restarted; the real node
+    tags its stand-in under the image the file names, as containerd stores it."""
+    pod = yaml.safe_load(realnode.EXAMPLE.read_text())
+    (container,) = pod["spec"]["containers"]
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert container["command"] == ["nvidia-smi"]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert container["image"] == realnode.EXAMPLE_IMAGE
+    assert container["image"].startswith("nvidia/cuda:12.") and "-base-" in container["image"]
+    assert realnode.full_reference(realnode.EXAMPLE_IMAGE) == f"docker.io/{container['image']}"
+    assert realnode.full_reference("busybox:1.36") == "docker.io/library/busybox:1.36"
+    for kept in (realnode.SLEEPER_IMAGE, "localhost/pause:lab-1", "host:5000/a/b:c"):
+        assert realnode.full_reference(kept) == kept
+
+
+def test_the_stand_in_nvidia_smi_says_what_it_is_and_exits_0(tmp_path):
+    """What the lab's node runs for the README pod (tools/image/nvidia-smi.c): the line
+    the real-node test reads in `kubectl logs gpu-check`, exit 0."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    from tests.helpers import ROOT
+
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc (make image needs it too)")
+    binary = tmp_path / "nvidia-smi"
+    subprocess.run(
+        ["gcc", "-Os", "-o", binary, ROOT / "tools" / "image" / "nvidia-smi.c"], check=True
+    )
+    done = subprocess.run([binary], capture_output=True, text=True, env={}, check=False)
+    assert done.returncode == 0
+    assert done.stdout.startswith("nvidia-smi: the gpu-scheduler lab's stand-in")
+    assert "NVIDIA_VISIBLE_DEVICES=(unset)" in done.stdout

@@ -8,11 +8,15 @@
 #   the Dockerfile as BASE. The host's CA bundle is copied in, so pip inside the build
 #   trusts what the host trusts (a TLS-intercepting proxy included).
 # - pause: the sandbox process (tools/image/pause.c), static, on an empty image.
+# - nvidia-smi: a stand-in for the driver's nvidia-smi (tools/image/nvidia-smi.c),
+#   static, at /usr/bin/nvidia-smi on an empty image: what docs/examples/gpu-pod.yaml
+#   runs on the lab's node, which has no GPU (lab/realnode.py tags it with its name).
 # - gpu-scheduler: `buildah bud` of the Dockerfile on that base.
 #
 # Each image is cached by the hash of its inputs as an OCI archive under .cache/images/
 # and loaded into buildah's store when missing there; a hit costs seconds. The names
-# built are written to .cache/images/images.env (GPU_SCHEDULER_IMAGE, PAUSE_IMAGE).
+# built are written to .cache/images/images.env (GPU_SCHEDULER_IMAGE, PAUSE_IMAGE,
+# NVIDIA_SMI_IMAGE).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CACHE=.cache/images
@@ -73,6 +77,18 @@ build_pause() {
   buildah commit --quiet --rm "$ctr" "$1" >/dev/null
 }
 
+build_nvidia_smi() {
+  local dir ctr
+  dir=$(mktemp -d /tmp/gpu-scheduler-nvidia-smi.XXXXXX)
+  trap "rm -rf '$dir'" RETURN
+  gcc -Os -static -o "$dir/nvidia-smi" tools/image/nvidia-smi.c
+  ctr=$(buildah from scratch)
+  buildah copy --quiet "$ctr" "$dir/nvidia-smi" /usr/bin/nvidia-smi >/dev/null
+  buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --cmd /usr/bin/nvidia-smi "$ctr"
+  buildah commit --quiet --rm "$ctr" "$1" >/dev/null
+}
+
 build_project() {
   echo "image: buildah bud Dockerfile on $BASE"
   buildah bud --quiet --layers=false --build-arg "BASE=$BASE" -t "$1" . >/dev/null
@@ -84,6 +100,9 @@ cached "$BASE" build_base
 
 PAUSE=localhost/pause:lab-$( (cat tools/image/pause.c; declare -f build_pause) | digest)
 cached "$PAUSE" build_pause
+
+NVIDIA_SMI=localhost/nvidia-smi:lab-$( (cat tools/image/nvidia-smi.c; declare -f build_nvidia_smi) | digest)
+cached "$NVIDIA_SMI" build_nvidia_smi
 
 project_inputs=$( (echo "$BASE"; git ls-files -z Dockerfile .dockerignore pyproject.toml README.md \
   gpu_scheduler extender webhook agent certs | xargs -0 sha256sum) | digest)
@@ -102,6 +121,6 @@ done
 buildah images --format '{{.Name}}:{{.Tag}}' | grep '^localhost/gpu-scheduler:dev-' \
   | grep -vx "$IMAGE" | xargs -r buildah rmi --force >/dev/null 2>&1 || true
 
-printf 'GPU_SCHEDULER_IMAGE=%s\nPAUSE_IMAGE=%s\nBASE_IMAGE=%s\n' "$IMAGE" "$PAUSE" "$BASE" \
-  > "$CACHE/images.env"
-echo "image: $IMAGE (pause: $PAUSE)"
+printf 'GPU_SCHEDULER_IMAGE=%s\nPAUSE_IMAGE=%s\nBASE_IMAGE=%s\nNVIDIA_SMI_IMAGE=%s\n' \
+  "$IMAGE" "$PAUSE" "$BASE" "$NVIDIA_SMI" > "$CACHE/images.env"
+echo "image: $IMAGE (pause: $PAUSE, nvidia-smi: $NVIDIA_SMI)"
