@@ -77,12 +77,26 @@ def _configure_controller(sub: argparse._SubParsersAction) -> None:
         "leaves the cluster), the leaves it "
         "signs, renewed 30 days before they expire, the CA rolled over in three steps before "
         "it does; the webhook's caBundle injected; kube-scheduler rolled when its pair "
-        "changes. /readyz is 200 once everything is in place.",
+        "changes; the webhook armed with its failurePolicy once it serves. /readyz is 200 "
+        "once everything is in place.",
     )
     ctl.add_argument("--namespace", required=True, help="the install's namespace")
     ctl.add_argument("--kubeconfig", help="default: in-cluster, else ~/.kube/config")
     ctl.add_argument("--webhook-configuration", default="gpu-scheduler-webhook")
     ctl.add_argument("--scheduler-deployment", default="gpu-scheduler")
+    ctl.add_argument(
+        "--webhook-deployment",
+        default="gpu-scheduler-webhook",
+        help="the webhook's Deployment: its first Ready replica arms the webhook",
+    )
+    ctl.add_argument(
+        "--webhook-failure-policy",
+        choices=("Fail", "Ignore"),
+        default="Fail",
+        help="the webhook's failurePolicy once it serves (default Fail). The install "
+        "registers it with Ignore; the controller sets this once the caBundle is in place "
+        "and the webhook's Deployment has a Ready replica, and never sets Ignore back",
+    )
     ctl.add_argument(
         "--interval",
         default="1m",
@@ -180,6 +194,8 @@ def _run_controller(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         webhook_configuration=args.webhook_configuration,
         scheduler_deployment=args.scheduler_deployment,
+        webhook_deployment=args.webhook_deployment,
+        failure_policy=args.webhook_failure_policy,
     )
     ctl = controller.Controller(api_client(args.kubeconfig), targets, settings)
     if args.once:
@@ -187,7 +203,7 @@ def _run_controller(args: argparse.Namespace) -> int:
         ok, detail = ctl.ready()
         if not ok:
             return fail("certs controller", detail, 1)
-        print(json.dumps({"ready": ok, "next_pass_s": delay}))
+        print(json.dumps({"ready": ok, "armed": ctl.armed, "next_pass_s": delay}))
         return 0
     stop = threading.Event()
 

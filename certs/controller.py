@@ -6,8 +6,16 @@ data changed (optimistic: a write that lost a race is redone next pass), puts th
 trust bundle into the MutatingWebhookConfiguration's caBundle, and restarts
 kube-scheduler's Deployment when its client pair or trust bundle changed after it
 started (kube-scheduler reads its extender TLS files only when it starts; the
-webhook and the extender reload theirs). It runs every ``interval`` (1 h), sooner
+webhook and the extender reload theirs). It runs every ``interval`` (1 min), sooner
 while something is missing or a rollover step is due.
+
+It also *arms* the webhook: the install registers it with ``failurePolicy: Ignore``,
+so an install that never comes up (an image that cannot be pulled, no certificate, no
+Ready pod) refuses no pod. Once the caBundle is in place and the webhook's Deployment
+has a Ready replica, the controller sets the configured policy (``Fail``). It never
+sets ``Ignore`` back: an outage of a webhook that once served refuses GPU pods, as
+documented; a re-apply that rendered ``Ignore`` again is armed again at the next pass
+(the controller keeps no claim on the field: see :meth:`Controller._apply`).
 
 What it may touch is what its Role and ClusterRole name: the four Secrets, the one
 Deployment and the one MutatingWebhookConfiguration (``create`` on Secrets cannot be
@@ -39,6 +47,7 @@ RETRY_S = 5.0
 MANAGER = "gpu-scheduler-certs"
 #: Webhooks merge by name, pod template annotations by key: nothing else is touched.
 STRATEGIC = "application/strategic-merge-patch+json"
+APPLY = "application/apply-patch+yaml"
 
 SYNCS = Counter(
     "gpu_scheduler_certs_syncs_total",
@@ -48,7 +57,7 @@ SYNCS = Counter(
 )
 WRITES = Counter(
     "gpu_scheduler_certs_writes_total",
-    "Writes by object (secret, webhook_ca_bundle, scheduler_restart)",
+    "Writes by object (secret, webhook_ca_bundle, webhook_failure_policy, scheduler_restart)",
     ["object"],
 )
 NOT_AFTER = Gauge(
@@ -65,6 +74,9 @@ class Targets:
     webhook_configuration: str = "gpu-scheduler-webhook"
     webhook_service: str = "gpu-scheduler-webhook"
     scheduler_deployment: str = "gpu-scheduler"
+    webhook_deployment: str = "gpu-scheduler-webhook"
+    #: What the webhook is armed with once it serves; Ignore: left as rendered.
+    failure_policy: str = "Fail"
 
 
 class Controller:
@@ -80,6 +92,8 @@ class Controller:
         #: The last pass published everything, kube-scheduler's rollout included; until
         #: one does, a rollover under way holds its next step (reconcile's ``hold``).
         self.complete = False
+        #: The webhook has its configured failurePolicy (the last pass saw it so).
+        self.armed = False
 
     def ready(self) -> tuple[bool, str]:
         """Ready while the last pass left the Secrets and the caBundle in place."""
@@ -98,7 +112,10 @@ class Controller:
             for name in outcome.changed:
                 self._write(name, outcome, secrets.get(name))
             self._publish_metrics(outcome)
-            injected = self._inject_ca_bundle(outcome.bundle)
+            config, bundle_written = self._inject_ca_bundle(outcome.bundle)
+            # A caBundle written just now is armed at the next pass: the API server
+            # can call the webhook only once it trusts it.
+            self.armed = config is not None and not bundle_written and self._arm(config)
             pair = _fingerprint(outcome.secrets[reconcile.SCHEDULER_SECRET])
             rolled_out = self._roll_scheduler(pair)
         except (ApiException, HTTPError, OSError) as exc:
@@ -109,7 +126,7 @@ class Controller:
             return RETRY_S
         for action in outcome.actions:
             log.info("certificates: %s", action)
-        if not injected:
+        if config is None:
             self.problem = (
                 f"MutatingWebhookConfiguration {self.targets.webhook_configuration} not found"
             )
@@ -118,7 +135,7 @@ class Controller:
         self.problem = ""
         self.complete = rolled_out
         SYNCS.labels("ok").inc()
-        if not rolled_out:
+        if not rolled_out or not self.armed:
             return RETRY_S
         if outcome.next_step_at is not None:
             return max(1.0, (outcome.next_step_at - _now(now)).total_seconds())
@@ -182,9 +199,10 @@ class Controller:
         WRITES.labels("secret").inc()
         log.info("certificates: wrote Secret %s", name)
 
-    def _inject_ca_bundle(self, bundle: bytes) -> bool:
-        """Our webhooks' caBundle is the trust bundle; False while the configuration
-        does not exist (kubectl applies it after the Deployments)."""
+    def _inject_ca_bundle(self, bundle: bytes) -> tuple[Any, bool]:
+        """Our webhooks' caBundle is the trust bundle. Returns the configuration as
+        read (None while it does not exist: kubectl applies it after the Deployments)
+        and whether the caBundle was written."""
         from kubernetes.client.exceptions import ApiException
 
         encoded = base64.b64encode(bundle).decode()
@@ -194,15 +212,12 @@ class Controller:
             )
         except ApiException as exc:
             if exc.status == 404:
-                return False
+                return None, False
             raise
         stale = [
             {"name": hook.name, "clientConfig": {"caBundle": encoded}}
-            for hook in config.webhooks or []
-            if hook.client_config.service is not None
-            and hook.client_config.service.name == self.targets.webhook_service
-            and hook.client_config.service.namespace == self.targets.namespace
-            and hook.client_config.ca_bundle != encoded
+            for hook in self._ours(config)
+            if hook.client_config.ca_bundle != encoded
         ]
         if stale:
             self.admission.patch_mutating_webhook_configuration(
@@ -217,7 +232,86 @@ class Controller:
             )
             WRITES.labels("webhook_ca_bundle").inc()
             log.info("certificates: caBundle of %s updated", self.targets.webhook_configuration)
+        return config, bool(stale)
+
+    def _ours(self, config: Any) -> list[Any]:
+        """The configuration's webhooks that call our Service."""
+        return [
+            hook
+            for hook in config.webhooks or []
+            if hook.client_config.service is not None
+            and hook.client_config.service.name == self.targets.webhook_service
+            and hook.client_config.service.namespace == self.targets.namespace
+        ]
+
+    def _arm(self, config: Any) -> bool:
+        """Our webhooks get the configured failurePolicy once the webhook's Deployment
+        has a Ready replica; True once they have it. Only Ignore -> Fail: a configured
+        Ignore is what the install renders, and the controller never disarms."""
+        want = self.targets.failure_policy
+        unarmed = [h.name for h in self._ours(config) if h.failure_policy != want]
+        if want != "Fail" or not unarmed:
+            self._let_go(config)
+            return True
+        if not self._webhook_ready():
+            return False
+        hooks = [{"name": name, "failurePolicy": want} for name in unarmed]
+        self._apply(hooks, config.metadata.resource_version)
+        self._apply([], None)
+        WRITES.labels("webhook_failure_policy").inc()
+        log.info(
+            "certificates: webhook %s armed: failurePolicy %s (its Deployment %s has a "
+            "Ready replica)",
+            ", ".join(unarmed),
+            want,
+            self.targets.webhook_deployment,
+        )
         return True
+
+    def _let_go(self, config: Any) -> None:
+        """Drop a claim on failurePolicy that an arming left behind (its second apply
+        failed)."""
+        fields = config.metadata.managed_fields or []
+        if any(f.manager == MANAGER and f.operation == "Apply" for f in fields):
+            self._apply([], None)
+
+    def _apply(self, webhooks: list[dict[str, str]], version: str | None) -> None:
+        """Server-side apply of ``webhooks`` as the controller, forced. Armed in two
+        applies: the first takes failurePolicy (Fail), the second, empty, gives it up;
+        the API server then defaults the field no one sets to Fail, and no manager
+        owns it. So a re-apply of the install (helm rollback, kubectl apply
+        --server-side) never conflicts with the controller: it renders Ignore, and the
+        next pass arms again."""
+        metadata: dict[str, str] = {"name": self.targets.webhook_configuration}
+        if version is not None:  # optimistic: a lost race is redone next pass
+            metadata["resourceVersion"] = version
+        self.admission.patch_mutating_webhook_configuration(
+            self.targets.webhook_configuration,
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingWebhookConfiguration",
+                "metadata": metadata,
+                "webhooks": webhooks,
+            },
+            _request_timeout=TIMEOUT,
+            _content_type=APPLY,
+            field_manager=MANAGER,
+            force=True,
+        )
+
+    def _webhook_ready(self) -> bool:
+        """The webhook's Deployment has at least one Ready replica."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            deployment = self.apps.read_namespaced_deployment(
+                self.targets.webhook_deployment, self.targets.namespace, _request_timeout=TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return deployment.status is not None and (deployment.status.ready_replicas or 0) >= 1
 
     def _roll_scheduler(self, fingerprint: str) -> bool:
         """kube-scheduler's pods run with this pair, or are rolled to it; True once
