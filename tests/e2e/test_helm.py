@@ -12,8 +12,10 @@ Helm.
 from __future__ import annotations
 
 import copy
+import os
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ import yaml
 from lab.controlplane import ROOT
 from lab.stack import NAMESPACE, deploy_documents
 from tests.e2e.kube import install_certs
+from tests.helpers import wait_for
 
 CHART = ROOT / "charts" / "gpu-scheduler"
 PROFILE = "scheduler.profile."
@@ -295,6 +298,15 @@ def _the_controller_is_confined(cluster: Any) -> None:
     def patch(kind: str, name: str, body: str, kind_of_patch: str = "strategic"):
         return as_controller("patch", kind, name, f"--type={kind_of_patch}", "-p", body)
 
+    # Arming is allowed (Ignore -> Fail: the webhook never served here, so the
+    # controller would not, but the policy lets it); disarming is not.
+    armed = patch(
+        "mutatingwebhookconfiguration",
+        "gpu-scheduler-webhook",
+        '[{"op":"replace","path":"/webhooks/0/failurePolicy","value":"Fail"}]',
+        "json",
+    )
+    assert armed.returncode == 0, armed.stderr
     refused = {
         "another Secret": as_controller(
             "create", "secret", "generic", "stolen", "--from-literal=a=b"
@@ -310,7 +322,7 @@ def _the_controller_is_confined(cluster: Any) -> None:
             "gpu-scheduler",
             '{"spec":{"template":{"metadata":{"annotations":{"x":"y"}}}}}',
         ),
-        "the webhook's failurePolicy": patch(
+        "the webhook's failurePolicy back to Ignore": patch(
             "mutatingwebhookconfiguration",
             "gpu-scheduler-webhook",
             '[{"op":"replace","path":"/webhooks/0/failurePolicy","value":"Ignore"}]',
@@ -382,6 +394,7 @@ def test_helm_install_makes_its_certificates_inside_the_cluster(
     admission = client.AdmissionregistrationV1Api(api)
     (hook,) = admission.read_mutating_webhook_configuration("gpu-scheduler-webhook").webhooks
     assert hook.client_config.service.namespace == NAMESPACE and not hook.client_config.ca_bundle
+    assert hook.failure_policy == "Ignore"  # until the certificate controller arms it
 
     core = client.CoreV1Api(api)
     first = _controller(cluster, core, tmp_path)
@@ -396,6 +409,7 @@ def test_helm_install_makes_its_certificates_inside_the_cluster(
         assert pairs[name]["ca.crt"] == ca["ca.crt"]
     (hook,) = admission.read_mutating_webhook_configuration("gpu-scheduler-webhook").webhooks
     assert base64.b64decode(hook.client_config.ca_bundle) == ca["ca.crt"]
+    assert hook.failure_policy == "Ignore"  # no webhook pod is Ready in the lab: not armed
     rolled = apps.read_namespaced_deployment("gpu-scheduler", NAMESPACE)
     fingerprint = rolled.spec.template.metadata.annotations["gpu-scheduler.io/client-pair-sha256"]
     assert _controller(cluster, core, tmp_path) == []  # nothing to do the second time
@@ -456,21 +470,25 @@ def test_helm_install_makes_its_certificates_inside_the_cluster(
     cluster.stop_process("gpu-scheduler-from-chart")
 
 
-def _gpu_pod_admitted(api: Any) -> str | None:
-    """None when a GPU pod is created (then deleted); else the API server's refusal."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    body = {
+def _gpu_pod_body(prefix: str) -> dict[str, Any]:
+    return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"generateName": "after-uninstall-"},
+        "metadata": {"generateName": prefix},
         "spec": {
             "containers": [
                 {"name": "c", "image": "pause", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
             ]
         },
     }
+
+
+def _gpu_pod_admitted(api: Any) -> str | None:
+    """None when a GPU pod is created (then deleted); else the API server's refusal."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    body = _gpu_pod_body("after-uninstall-")
     core = client.CoreV1Api(api)
     try:
         pod = core.create_namespaced_pod("default", body)
@@ -514,6 +532,10 @@ def test_uninstall_leaves_nothing_that_refuses_pods(fresh_cluster, helm_binary):
     kubectl = ["kubectl", f"--kubeconfig={cluster.kubeconfig}"]
     _run(cluster.binary, *kubectl, "apply", "--server-side", "-k", str(ROOT / "deploy"))
     assert webhooks() == ["gpu-scheduler-webhook"]
+    assert _gpu_pod_admitted(api) is None  # Ignore until armed: it never served here
+    arm = '[{"op":"replace","path":"/webhooks/0/failurePolicy","value":"Fail"}]'
+    patch = ["patch", "mutatingwebhookconfiguration", "gpu-scheduler-webhook", "--type=json"]
+    _run(cluster.binary, *kubectl, *patch, "-p", arm)  # as the controller would arm it
     assert _gpu_pod_admitted(api) is not None
     _run(cluster.binary, *kubectl, "delete", "--wait=false", "-k", str(ROOT / "deploy"))
     assert webhooks() == []
@@ -525,6 +547,99 @@ def test_uninstall_leaves_nothing_that_refuses_pods(fresh_cluster, helm_binary):
     for kind, lister in cluster_scoped:
         left = [o.metadata.name for o in lister().items if o.metadata.name.startswith("gpu-sched")]
         assert left == [], (kind, left)
+
+
+def _readme_install(chart: Path, *values: str) -> list[str]:
+    """The README's helm install, its chart reference this checkout's chart."""
+    from tests.e2e.test_real_node import README_CHART, readme_commands
+
+    (helm, *args), *_ = readme_commands()
+    assert helm == "helm" and args[0] == "install", args
+    args[args.index(README_CHART)] = str(chart)
+    return [helm, *args, *values]
+
+
+def _left_of(cluster: Any, docs: list[dict[str, Any]]) -> list[str]:
+    """What of the rendered objects exists, and what is in the namespace besides what
+    the API server puts in every namespace."""
+    import subprocess
+
+    kubectl = [str(cluster.binary), "kubectl", f"--kubeconfig={cluster.kubeconfig}"]
+    left = []
+    for obj in docs:
+        kind, namespace, name = _key(obj)
+        where = ["-n", namespace] if namespace else []
+        done = subprocess.run(
+            [*kubectl, "get", kind, name, *where, "-o", "name"], capture_output=True, text=True
+        )
+        if done.returncode == 0 or "NotFound" not in done.stderr:
+            left.append(f"{kind} {namespace}/{name}")
+    kinds = "deploy,rs,pod,svc,cm,secret,sa,role,rolebinding,pdb,networkpolicy,lease"
+    out = _run(cluster.binary, *kubectl[1:], "get", kinds, "-n", NAMESPACE, "-o", "name")
+    by_default = {"configmap/kube-root-ca.crt", "serviceaccount/default"}
+    return left + [line for line in out.split() if line not in by_default]
+
+
+def test_a_broken_install_refuses_nothing_and_rolls_back(fresh_cluster, helm_binary):
+    """The README's helm install (--wait --rollback-on-failure) with an image that
+    cannot be pulled: no webhook pod ever gets Ready (the lab has no kubelet at all).
+    While helm waits, the webhook is registered with failurePolicy Ignore and a GPU pod
+    is created, unmutated (default-scheduler, no GPU toleration); at the timeout helm
+    fails and uninstalls: nothing of the install is left but the namespace
+    --create-namespace made, and a GPU pod is created as before."""
+    import subprocess
+    import threading
+
+    from kubernetes import client
+
+    cluster = fresh_cluster
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    admission = client.AdmissionregistrationV1Api(api)
+    names = lambda: [n.metadata.name for n in core.list_namespace().items]  # noqa: E731
+    wait_for(lambda: NAMESPACE not in names(), 120, "the namespace of the test before gone", 1)
+    image = ["--set", "image.repository=registry.invalid/gpu-scheduler"]
+    argv = _readme_install(CHART, *image, "--timeout", "45s")
+    for flag in ("--wait", "--rollback-on-failure", "--timeout"):
+        assert flag in argv, f"the README's install has no {flag}: {argv}"
+    rendered = helm_template(helm_binary, *image)
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    done: dict[str, Any] = {}
+    started = time.monotonic()
+
+    def install() -> None:
+        done["run"] = subprocess.run(
+            [str(helm_binary), *argv], env=env, capture_output=True, text=True, timeout=300
+        )
+
+    thread = threading.Thread(target=install, daemon=True)
+    thread.start()
+
+    def registered() -> bool:
+        items = admission.list_mutating_webhook_configuration().items
+        return any(c.metadata.name == "gpu-scheduler-webhook" for c in items)
+
+    wait_for(registered, 40, "the webhook registered")
+    (hook,) = admission.read_mutating_webhook_configuration("gpu-scheduler-webhook").webhooks
+    assert hook.failure_policy == "Ignore"
+    pod = core.create_namespaced_pod("default", _gpu_pod_body("while-helm-waits-"))
+    waited = time.monotonic() - started
+    assert pod.spec.scheduler_name == "default-scheduler"
+    assert not any(t.key == "nvidia.com/gpu" for t in pod.spec.tolerations or [])
+    core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
+    assert "run" not in done, "helm returned before the GPU pod was created"
+    thread.join(300)
+    run = done["run"]
+    assert run.returncode != 0, run.stdout + run.stderr
+    assert "INSTALLATION FAILED" in run.stderr and "uninstalled" in run.stderr, run.stderr
+    print(f"GPU pod created unmutated {waited:.1f}s into helm's wait; helm: {run.stderr[-300:]}")
+    wait_for(lambda: not _left_of(cluster, rendered), 60, "nothing of the install left", 1)
+    assert NAMESPACE in names()  # --create-namespace's, which helm leaves by design
+    kubeconfig = f"--kubeconfig={cluster.kubeconfig}"
+    status = _fails(helm_binary, "helm", "status", "gpu-scheduler", "-n", NAMESPACE, kubeconfig)
+    assert "release: not found" in status, status  # no record of it kept either
+    assert _gpu_pod_admitted(api) is None
+    core.delete_namespace(NAMESPACE)
 
 
 def test_kustomize_users_pin_the_scheduler_to_their_cluster(control_plane_binary, tmp_path):

@@ -193,6 +193,30 @@ injector does, and a rendered value would be put back over theirs on every upgra
 {{ $mode }}
 {{- end }}
 
+{{/* The webhook's failurePolicy as rendered. Mode internal: Ignore until the
+certificate controller arms the webhook (sets webhook.failurePolicy once the caBundle is
+in place and a webhook pod is Ready), so an install that never comes up refuses no
+pod; an upgrade renders the live value when it already is the configured one, so it
+neither disarms a webhook that serves nor conflicts, under server-side apply, with the
+controller's write. Where lookup sees no cluster (helm template, --dry-run=client):
+Ignore. Modes cert-manager and external have no controller: the configured value. */}}
+{{- define "gpu-scheduler.webhookFailurePolicy" -}}
+{{- $want := .Values.webhook.failurePolicy -}}
+{{- if not (has $want (list "Fail" "Ignore")) -}}
+{{- fail (printf "webhook.failurePolicy must be Fail or Ignore (got %v)" $want) -}}
+{{- end -}}
+{{- if ne (include "gpu-scheduler.certMode" .) "internal" -}}
+{{ $want }}
+{{- else -}}
+{{- $live := "" -}}
+{{- $config := lookup "admissionregistration.k8s.io/v1" "MutatingWebhookConfiguration" "" "gpu-scheduler-webhook" -}}
+{{- range (dig "webhooks" list $config) -}}
+{{- if eq .name "pods.gpu-scheduler.io" }}{{ $live = .failurePolicy }}{{ end -}}
+{{- end -}}
+{{ ternary $want "Ignore" (eq $live $want) }}
+{{- end -}}
+{{- end }}
+
 {{/* webhook.excludeNamespaces plus the release namespace, as a JSON list; null counts
 as none (the release namespace alone), anything but a list fails the install. */}}
 {{- define "gpu-scheduler.excludeNamespaces" -}}
