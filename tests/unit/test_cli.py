@@ -62,6 +62,9 @@ def test_a_users_command_without_a_kubeconfig_says_so_in_one_line(tmp_path, caps
     from gpu_scheduler.cli import kubectl_main
 
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    # main() routes every logger to the stderr of the moment: not this test's, which
+    # pytest closes after it (later tests' log records would go there)
+    monkeypatch.setattr("gpu_scheduler.logs.setup_logging", lambda level="INFO": None)
     missing = str(tmp_path / "no-such-kubeconfig")
     for args in (["status"], ["explain", "some-pod"]):
         assert kubectl_main([*args, "--kubeconfig", missing]) == 1
