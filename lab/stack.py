@@ -129,6 +129,9 @@ def webhook_configuration(url: str, ca_bundle: str) -> dict[str, Any]:
     config["metadata"] = {"name": config["metadata"]["name"] + "-local"}
     for hook in config["webhooks"]:
         hook["clientConfig"] = {"url": url, "caBundle": ca_bundle}
+        # deploy/ registers Ignore until the certificate controller arms it; the
+        # stack's webhook serves from the start, so it is registered armed.
+        hook["failurePolicy"] = "Fail"
     return config
 
 
