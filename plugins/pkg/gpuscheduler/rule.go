@@ -55,18 +55,31 @@ func Refuse(pod *facts.Pod, f Fit) int {
 		return contract.GpuNoGpus
 	case n.Allocatable == 0:
 		return contract.GpuNotAdvertised
-	case pod.Products != nil && (n.Model == "" || !pod.Products[n.Model]):
-		return contract.GpuProduct
-	case pod.MinMemory >= 0 && n.MemoryMiB < 0:
-		return contract.GpuNoMemoryLabel
-	case pod.MinMemory >= 0 && n.MemoryMiB < pod.MinMemory:
-		return contract.GpuLowMemory
+	}
+	if code := refuseKind(pod, n); code != 0 {
+		return code
+	}
+	switch {
 	case n.Allocatable < want:
 		return contract.GpuTooFew
 	case n.Usable(f.Managed) < want:
 		return contract.GpuUnhealthy
 	case f.Free() < want:
 		return contract.GpuBusy
+	}
+	return 0
+}
+
+// refuseKind is the part of the gpu rule about the kind of GPU, whole or shared: the
+// pod's products, its GPU memory per GPU.
+func refuseKind(pod *facts.Pod, n *facts.Node) int {
+	switch {
+	case pod.Products != nil && (n.Model == "" || !pod.Products[n.Model]):
+		return contract.GpuProduct
+	case pod.MinMemory >= 0 && n.MemoryMiB < 0:
+		return contract.GpuNoMemoryLabel
+	case pod.MinMemory >= 0 && n.MemoryMiB < pod.MinMemory:
+		return contract.GpuLowMemory
 	}
 	return 0
 }

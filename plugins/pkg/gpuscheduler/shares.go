@@ -62,15 +62,11 @@ func (u *Usages) Of(node *sharing.Node, info fwk.NodeInfo) []sharing.Gpu {
 func RefuseShares(pod *facts.Pod, f Fit) int {
 	n := f.Node
 	need := maxOf(pod.Shares)
-	switch {
-	case n.Shared == nil:
+	if n.Shared == nil {
 		return contract.GpuNotShared
-	case pod.Products != nil && (n.Model == "" || !pod.Products[n.Model]):
-		return contract.GpuProduct
-	case pod.MinMemory >= 0 && n.MemoryMiB < 0:
-		return contract.GpuNoMemoryLabel
-	case pod.MinMemory >= 0 && n.MemoryMiB < pod.MinMemory:
-		return contract.GpuLowMemory
+	}
+	if code := refuseKind(pod, n); code != 0 {
+		return code
 	}
 	short := sharing.Largest(f.Gpus) < need
 	if !short && (len(pod.Shares) > 1 || pod.Gpus > 0) {

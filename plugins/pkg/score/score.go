@@ -7,13 +7,7 @@ import "github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
 // (all alike: every node gets top).
 func Normalise(raw []int64, top int64) []int64 {
 	out := make([]int64, len(raw))
-	if len(raw) == 0 {
-		return out
-	}
-	low, high := raw[0], raw[0]
-	for _, r := range raw {
-		low, high = min(low, r), max(high, r)
-	}
+	low, high := bounds(raw)
 	for i, r := range raw {
 		if high == low {
 			out[i] = top
@@ -39,13 +33,7 @@ func NormaliseList(scores fwk.NodeScoreList) {
 // min-max over the nodes, every node 10 where all are alike.
 func Stretch(raw []float64) []float64 {
 	out := make([]float64, len(raw))
-	if len(raw) == 0 {
-		return out
-	}
-	low, high := raw[0], raw[0]
-	for _, r := range raw {
-		low, high = min(low, r), max(high, r)
-	}
+	low, high := bounds(raw)
 	for i, r := range raw {
 		if high == low {
 			out[i] = 10
@@ -54,4 +42,16 @@ func Stretch(raw []float64) []float64 {
 		}
 	}
 	return out
+}
+
+// bounds is the lowest and the highest of the values (zeros for none).
+func bounds[T int64 | float64](values []T) (T, T) {
+	var low, high T
+	for i, v := range values {
+		if i == 0 {
+			low, high = v, v
+		}
+		low, high = min(low, v), max(high, v)
+	}
+	return low, high
 }
