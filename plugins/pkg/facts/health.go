@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/sharing"
 )
 
 // Health is what the agent's per-GPU annotation says of a node's GPUs: the units of
@@ -39,10 +40,8 @@ func ReadHealth(value string, replicas int64, migSingle bool) *Health {
 	if value == "" || len(value) > contract.MaxGpusAnnotation {
 		return nil
 	}
-	decoder := json.NewDecoder(strings.NewReader(value))
-	decoder.UseNumber()
 	var gpus []any
-	if err := decoder.Decode(&gpus); err != nil || decoder.More() {
+	if !sharing.Decode(value, &gpus) {
 		return nil
 	}
 	if bytes.TrimSpace([]byte(value))[0] != '[' {

@@ -35,7 +35,7 @@ func ReadNode(labels, annotations map[string]string, units, count, memoryMiB int
 // gpu-1... Empty when neither can be read.
 func ReadGpus(annotation string, count, memoryMiB int64) []Spec {
 	var entries []any
-	if annotation != "" && len(annotation) <= contract.MaxGpusAnnotation && decode(annotation, &entries) &&
+	if annotation != "" && len(annotation) <= contract.MaxGpusAnnotation && Decode(annotation, &entries) &&
 		len(entries) > 0 && len(entries) <= contract.ShareMaxGpus {
 		gpus := make([]Spec, 0, len(entries))
 		for _, item := range entries {

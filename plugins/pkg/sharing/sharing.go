@@ -204,7 +204,7 @@ func ReadReport(value string) Report {
 		return nil
 	}
 	var gpus map[string]any
-	if !decode(value, &gpus) || gpus == nil || len(gpus) > contract.ShareMaxGpus {
+	if !Decode(value, &gpus) || gpus == nil || len(gpus) > contract.ShareMaxGpus {
 		return nil
 	}
 	report := make(Report, 0, len(gpus))
@@ -245,8 +245,10 @@ func ReadReport(value string) Report {
 // this one does too.
 const MaxDepth = 1024
 
-// decode reads one JSON value with numbers kept as written.
-func decode(value string, into any) bool {
+// Decode reads one JSON value of an annotation with numbers kept as written (Python
+// tells 5 from 5.0), refusing what the extender's decoder refuses (nesting past
+// MaxDepth): the one reader of the agent's annotations in the plugins.
+func Decode(value string, into any) bool {
 	if depth(value) > MaxDepth {
 		return false
 	}
