@@ -23,7 +23,7 @@ LINTERS := $(shell $(K8S_BUILD) --path linters)
 HAVE_IMAGE_TOOLS := $(shell command -v buildah >/dev/null && command -v debootstrap >/dev/null \
   && command -v gcc >/dev/null && [ "$$(id -u)" = 0 ] && echo yes)
 
-.PHONY: test lint linters docs unit install controlplane controlplanes plugins kueue prometheus e2e image demo bench bench-scale clean
+.PHONY: test lint linters docs unit install controlplane controlplanes plugins kueue prometheus registry e2e image demo bench bench-scale clean
 
 install: $(STAMP)
 
@@ -62,7 +62,7 @@ controlplanes: $(addprefix controlplane-,$(K8S_MINORS))
 # oldest for the version tests, which run against every minor under test).
 e2e: $(STAMP) controlplane-$(K8S_MINOR) controlplane-$(lastword $(K8S_MINORS)) \
     controlplane-$(K8S_OLDEST) plugins-$(K8S_MINOR) plugins-$(lastword $(K8S_MINORS)) \
-    plugins-$(K8S_OLDEST) kueue $(if $(HAVE_IMAGE_TOOLS),image)
+    plugins-$(K8S_OLDEST) kueue registry $(if $(HAVE_IMAGE_TOOLS),image)
 	GPU_SCHEDULER_K8S_BIN=$$($(K8S_BUILD) --path $(K8S_MINOR)) $(BIN)/pytest tests/e2e
 
 # The project image from the Dockerfile (buildah, no daemon) on a Debian base made with
@@ -77,6 +77,12 @@ linters:
 # tools/k8s/prometheus is their Go module, built into .cache/k8s/prometheus-<version>-<hash>/.
 prometheus:
 	$(K8S_BUILD) prometheus
+
+# The CNCF distribution registry (github.com/distribution/distribution/v3/cmd/registry),
+# for the real-node e2e that releases this checkout to it and installs the README's way:
+# tools/k8s/registry is its Go module, built into .cache/k8s/registry-<version>-<hash>/.
+registry:
+	$(K8S_BUILD) registry
 
 # ruff; the house's size rule (tools/sizes.py: product files <= 450 lines, functions
 # <= 80); actionlint on .github/workflows/ (and shellcheck on their run: scripts where
@@ -107,9 +113,9 @@ unit: $(STAMP)
 # the alerts' promtool tests and the dashboard's queries (tests/unit/test_monitoring.py),
 # and the end-to-end tests on the real control plane (built first where Go is installed;
 # in CI it must be), one of them on a real node running the image (built first where
-# buildah is installed).
+# buildah is installed), installed the README's way from a registry on loopback.
 test: lint $(STAMP) $(if $(HAVE_GO),controlplane controlplane-$(K8S_OLDEST) plugins \
-    plugins-$(K8S_OLDEST) kueue prometheus) $(if $(HAVE_IMAGE_TOOLS),image)
+    plugins-$(K8S_OLDEST) kueue prometheus registry) $(if $(HAVE_IMAGE_TOOLS),image)
 	$(BIN)/pytest
 
 demo: $(STAMP) controlplane $(if $(HAVE_IMAGE_TOOLS),image)

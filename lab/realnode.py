@@ -299,6 +299,9 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
   runtime_type = "io.containerd.runc.v2"
 [{cri}.containerd.runtimes.runc.options]
   Root = "{home}/runc"
+[{cri}.registry]
+  # Where trust_registry puts a registry's CA; read at each pull.
+  config_path = "{home}/certs.d"
 [{cri}.cni]
   bin_dir = "{cni_bin_dir()}"
   conf_dir = "{cni}"
@@ -367,6 +370,17 @@ class RealNode:
     def logs(self) -> str:
         return "\n".join(
             f"--- {p.name} {p.log_path}\n{p.tail(60)}" for p in (self.containerd, self.kubelet)
+        )
+
+    def trust_registry(self, address: str, ca_file: Path) -> None:
+        """Let the node's containerd pull from ``address`` (host:port) over HTTPS,
+        verifying its certificate with ``ca_file``: a ``certs.d`` hosts.toml."""
+        hosts = self.home / "certs.d" / address
+        hosts.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ca_file, hosts / "ca.crt")
+        (hosts / "hosts.toml").write_text(
+            f'server = "https://{address}"\n\n[host."https://{address}"]\n'
+            f'  capabilities = ["pull", "resolve"]\n  ca = "{hosts / "ca.crt"}"\n'
         )
 
     def stop(self) -> None:

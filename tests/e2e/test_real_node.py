@@ -1,11 +1,15 @@
 """The install on a real node: containerd, runc, CNI and a kubelet (lab.realnode).
 
 The README's install commands run as written, on a control plane with nothing
-installed: `helm install ... --wait` of this checkout's chart (the README's chart
-reference replaced by it, plus the lab's values: our image's local name, the agent's
-fake GPU inventory and capacity, since the node has neither GPUs nor a device plugin,
-and kube-scheduler and extender Deployments at 0 replicas, since the lab has no
-Service proxy nor cluster DNS and runs those two from the host). Then, with our
+installed. First this checkout is released to a real OCI registry on loopback (the CNCF
+distribution registry, TLS with its own CA) by the release's steps: the image
+(``make image``'s) and the chart (``tools/release/chart.sh``, as the release workflow
+runs it). Then `helm install oci://<registry>/gpu-scheduler/charts/gpu-scheduler
+--version X ... --wait`, the README's line with only ghcr.io replaced by the registry's
+address, plus the lab's values: the agent's fake GPU inventory and capacity, since the
+node has neither GPUs nor a device plugin, and kube-scheduler and extender Deployments
+at 0 replicas, since the lab has no Service proxy nor cluster DNS and runs those two
+from the host. The node's containerd pulls the image from the registry. Then, with our
 images running as pods:
 
 - the certificate controller's pod makes the CA and the pairs inside the cluster,
@@ -44,6 +48,8 @@ from kubernetes.client.exceptions import ApiException
 from gpu_scheduler import contract
 from lab import realnode
 from lab.controlplane import ROOT, start_control_plane
+from lab.registry import HOW_TO_GET_IT as HOW_TO_GET_REGISTRY
+from lab.registry import push_image, registry_binary, start_registry
 from lab.stack import NAMESPACE, Stack
 from tests.e2e.kube import ensure_namespace, read_lease, unique
 from tests.e2e.test_agent_daemonset import h100_inventory
@@ -56,8 +62,9 @@ GPUS = 2
 FAKE_GPUS = Path("/etc/gpu-scheduler-lab/gpus.yaml")
 CHART = ROOT / "charts" / "gpu-scheduler"
 PREVIOUS_CHART = ROOT / "tests" / "fixtures" / "charts" / "gpu-scheduler-0.1.0.tgz"
-#: How the README names the chart; the lab has no registry, so this checkout's stands in.
+#: How the README names the chart: the e2e's registry stands in for ghcr.io.
 README_CHART = "oci://ghcr.io/gpu-scheduler/charts/gpu-scheduler"
+README_REGISTRY = "ghcr.io"
 
 
 @pytest.fixture(scope="module", params=["newest", "oldest"])
@@ -65,21 +72,21 @@ def real(request, tmp_path_factory, control_plane_binary, helm_binary):
     reason = realnode.missing()
     if reason:
         required("the real node", reason)
-    binary = control_plane_binary
-    if request.param == "oldest":
-        from tests.e2e.test_versions import oldest_binary
+    from tests.e2e.test_versions import binary_for
 
-        binary = oldest_binary()
-        if binary == control_plane_binary:
-            pytest.skip("the minor under test is the oldest")
+    binary = binary_for(request.param, control_plane_binary)
     work = tmp_path_factory.mktemp(f"realnode-{request.param}")
     cluster = start_control_plane(work / "cluster", binary, real_node=True)
     stack = Stack(cluster, work)
     stack.helm = helm_binary
+    registry_bin = registry_binary()
+    if registry_bin is None:
+        required("the README's install from a registry", HOW_TO_GET_REGISTRY)
     node = None
     try:
         stack.api = cluster.api_client()
         node = realnode.start_real_node(cluster, NODE, {contract.LABEL_GPU_PRESENT: "true"})
+        publish(stack, node, registry_bin)
         stack.start_extender()
         stack.start_schedulers()
         install(stack, work)
@@ -96,17 +103,51 @@ def real(request, tmp_path_factory, control_plane_binary, helm_binary):
     assert left == [], f"the real node left things on the host: {left}"
 
 
-def lab_values(work: Path, chart_version: str = "current") -> Path:
-    """What the lab adds to the README's command, as an admin's values file would."""
+def publish(stack: Stack, node: realnode.RealNode, binary: Path) -> None:
+    """A release of this checkout to a registry of the lab's own, by the release's
+    steps: the image (``make image``'s, from the repo's Dockerfile) pushed where the
+    release's build-push step puts it, ghcr.io's path under the registry's address; the
+    chart by ``tools/release/chart.sh``, the script the release workflow runs. The real
+    node's containerd trusts the registry's CA, and so does helm (``SSL_CERT_FILE``)."""
+    import subprocess
+
+    registry = stack.registry = start_registry(stack.cluster, binary)
+    node.trust_registry(registry.address, registry.ca_file)
+    owner = README_CHART.removeprefix(f"oci://{README_REGISTRY}/").split("/")[0]
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    stack.release_image = f"{registry.address}/{owner}/gpu-scheduler:{version}"
+    push_image(registry, realnode.images()["GPU_SCHEDULER_IMAGE"], stack.release_image)
+    tools = helm_on_path(stack, stack.workdir / "bin")
+    env = {**registry.env(), "PATH": f"{tools}:{os.environ['PATH']}", "DIST": str(tools)}
+    done = subprocess.run(
+        ["tools/release/chart.sh", registry.address, owner, version],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def helm_on_path(stack: Stack, tools: Path, values: Path | None = None) -> Path:
+    """A folder holding ``helm``: the lab's, adding ``-f values`` to an install."""
+    tools.mkdir(parents=True, exist_ok=True)
+    add = f'[ "$1" = install ] && set -- "$@" -f "{values}"\n' if values else ""
+    (tools / "helm").write_text(f'#!/bin/sh\n{add}exec "{stack.helm}" helm "$@"\n')
+    (tools / "helm").chmod(0o755)
+    return tools
+
+
+def lab_values(work: Path, chart_version: str = "current", image: bool = True) -> Path:
+    """What the lab adds to the README's command, as an admin's values file would
+    (``image``: the lab's image too, where the chart is not the registry's)."""
     name, tag = realnode.images()["GPU_SCHEDULER_IMAGE"].rsplit(":", 1)
     FAKE_GPUS.parent.mkdir(parents=True, exist_ok=True)
     FAKE_GPUS.write_text(yaml.safe_dump(h100_inventory(GPUS)))
     values: dict[str, Any] = {
-        "image": {"repository": name, "tag": tag, "pullPolicy": "IfNotPresent"},
         # The lab runs these two from the host (no Service proxy, no cluster DNS).
         "scheduler": {"replicas": 0},
         "extender": {"replicas": 0},
     }
+    if image:
+        values["image"] = {"repository": name, "tag": tag, "pullPolicy": "IfNotPresent"}
     if chart_version == "current":
         values["agent"] = {
             "capacity": True,
@@ -144,7 +185,8 @@ def readme_commands() -> list[list[str]]:
 
 def run_readme_command(stack: Stack, argv: list[str]) -> str:
     """One README command against the lab: helm and kubectl are the lab's binaries,
-    the README's chart reference this checkout's chart (at the version it names)."""
+    the README's chart the one published to the lab's registry (:func:`publish`), at the
+    version the README names, only the registry's address put for ghcr.io."""
     import subprocess
 
     tool, *args = argv
@@ -154,12 +196,12 @@ def run_readme_command(stack: Stack, argv: list[str]) -> str:
         version = args[args.index("--version") + 1]
         chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
         assert version == chart["version"], f"README installs {version}, the chart is {chart}"
-        args[at] = str(CHART)
-        args += ["-f", str(lab_values(stack.workdir)), "--timeout", "6m"]
+        args[at] = README_CHART.replace(README_REGISTRY, stack.registry.address, 1)
+        args += ["-f", str(lab_values(stack.workdir, image=False)), "--timeout", "6m"]
         binary = stack.helm
     else:
         binary = stack.cluster.binary
-    env = {**os.environ, "KUBECONFIG": str(stack.cluster.kubeconfig)}
+    env = {**stack.registry.env(), "KUBECONFIG": str(stack.cluster.kubeconfig)}
     done = subprocess.run(
         [str(binary), tool, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=420
     )
@@ -326,7 +368,8 @@ def test_agent_pod_runs_on_the_real_node_and_publishes(real):
     ]
     assert lease.spec.holder_identity == NODE and lease.spec.renew_time is not None
     assert agent.spec.service_account_name == "gpu-scheduler-agent"
-    assert agent.spec.containers[0].image == realnode.images()["GPU_SCHEDULER_IMAGE"]
+    # The image the chart from the registry names: pulled from there by the node.
+    assert agent.spec.containers[0].image == real.release_image
 
 
 def test_first_minutes_of_an_install(real):
@@ -555,6 +598,104 @@ def _gpu_pod_body(name: str) -> dict[str, Any]:
     }
 
 
+FROM_SOURCE = ROOT / "docs" / "install" / "from-source.md"
+#: What the page's commands stand for in the lab: the clone is this checkout, `docker
+#: build` is make image's build of the same Dockerfile (tagged), `docker push` buildah's.
+LAB_SHELL = """
+git() { [ "$1" = clone ] || { echo "git $1: not in the lab" >&2; return 2; }; }
+docker() {
+  case "$1 $2" in
+    "build -t") buildah tag "$LAB_IMAGE" "$3" ;;
+    "push "*) buildah push --quiet --cert-dir "$REGISTRY_CERTS" "$2" "docker://$2" ;;
+    *) echo "docker $*: not in the lab" >&2; return 2 ;;
+  esac
+}
+"""
+
+
+def page_block(page: Path, name: str) -> str:
+    text = page.read_text()
+    block = text.split(f"<!-- {name}:start -->", 1)[1].split(f"<!-- {name}:end -->", 1)[0]
+    return block.split("```sh\n", 1)[1].split("```", 1)[0]
+
+
+def run_page(stack: Stack, script: str, work: Path) -> str:
+    """Shell lines of a docs page, as written but for registry.example.com (the lab's
+    registry), in a folder where ``gpu-scheduler`` is this checkout; helm is the lab's,
+    with the lab's values added to an install."""
+    import subprocess
+
+    work.mkdir(exist_ok=True)
+    clone = work / "gpu-scheduler"
+    if not clone.exists():
+        clone.symlink_to(ROOT)
+    tools = helm_on_path(stack, work / "bin", lab_values(stack.workdir, image=False))
+    env = {
+        **stack.registry.env(),
+        "PATH": f"{tools}:{os.environ['PATH']}",
+        "KUBECONFIG": str(stack.cluster.kubeconfig),
+        "LAB_IMAGE": realnode.images()["GPU_SCHEDULER_IMAGE"],
+        "REGISTRY_CERTS": str(stack.registry.cert_dir),
+        "STORAGE_DRIVER": "vfs",
+        "DIST": str(work / "dist"),
+    }
+    script = LAB_SHELL + script.replace("registry.example.com", stack.registry.address)
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        env=env, cwd=work, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{script}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def installed_from(stack: Stack, image: str) -> None:
+    """The release deployed, its agent running ``image`` Ready on the node, its webhook
+    pods Ready."""
+
+    def agent_ready() -> bool:
+        found = pods(stack, "app.kubernetes.io/name=gpu-scheduler-agent")
+        return (
+            len(found) == 1
+            and found[0].spec.containers[0].image == image
+            and running_ready(found[0])
+        )
+
+    wait_for(agent_ready, 180, f"the agent Ready on {image}", 1)
+    webhook_pods_ready(stack, "both webhook pods Ready")
+
+
+def uninstall(stack: Stack) -> None:
+    """helm uninstall, then the namespace (the other way round would leave the
+    release's cluster-wide objects, its webhook configuration among them, behind)."""
+    import subprocess
+
+    helm = [str(stack.helm), "helm", f"--kubeconfig={stack.cluster.kubeconfig}", "-n", NAMESPACE]
+    subprocess.run([*helm, "uninstall", "gpu-scheduler", "--wait"], timeout=180, check=True)
+    stack.cluster.k8s("kubectl", "delete", "--wait=false", "namespace", NAMESPACE)
+    namespace_gone(stack)
+
+
+def test_the_from_source_page_installs_through_a_registry_and_from_the_folder(real):
+    """docs/install/from-source.md as written (registry.example.com: the lab's
+    registry): the image built and pushed, the chart released by the release's script
+    and installed from the registry; then, uninstalled, the chart installed from the
+    folder with the pushed image. Each time the node pulls the image from the registry
+    and the install serves."""
+    first = page_block(FROM_SOURCE, "from-source")
+    assert "registry.example.com" in first and "docker push" in first
+    uninstall(real)
+    out = run_page(real, first, real.workdir / "from-source")
+    assert "STATUS: deployed" in out, out
+    image = f"{real.registry.address}/platform/gpu-scheduler:0.2.0"
+    installed_from(real, image)
+    uninstall(real)
+    settings = next(line for line in first.splitlines() if line.startswith("REGISTRY="))
+    out = run_page(real, f"cd gpu-scheduler\n{settings}\n{page_block(FROM_SOURCE, 'from-folder')}",
+                   real.workdir / "from-source")  # fmt: skip
+    assert "STATUS: deployed" in out, out
+    installed_from(real, image)
+
+
 def test_upgrade_from_the_previous_release_keeps_gpu_pods_placeable(real, tmp_path):
     """Uninstall leaves nothing that refuses a pod; then the previous release (0.1.0,
     its certificates from deploy/install-certs.sh), upgraded to this chart while GPU
@@ -681,14 +822,7 @@ def test_kubectl_apply_k_installs_the_same_with_nothing_on_the_host(real):
     `kubectl delete -k` leaves nothing that refuses a pod."""
     core = client.CoreV1Api(real.api)
     subprocess_run = real.cluster.k8s
-    helm = [str(real.helm), "helm", f"--kubeconfig={real.cluster.kubeconfig}", "-n", NAMESPACE]
-    import subprocess
-
-    # The release first, then its namespace (the other way round would leave the
-    # release's cluster-wide objects, its webhook configuration among them, behind).
-    subprocess.run([*helm, "uninstall", "gpu-scheduler", "--wait"], timeout=180, check=True)
-    subprocess_run("kubectl", "delete", "--wait=false", "namespace", NAMESPACE)
-    namespace_gone(real)
+    uninstall(real)
     overlay = kustomize_overlay(real.workdir)
     started = time.monotonic()
     subprocess_run("kubectl", "apply", "--server-side", "-k", str(overlay))

@@ -63,6 +63,17 @@ def oldest_binary() -> Path:
     return binary
 
 
+def binary_for(which: str, under_test: Path) -> Path:
+    """The control plane of a module run on the ``newest`` minor (the one under test)
+    and the ``oldest``; the oldest run skips where it is the minor under test."""
+    if which == "newest":
+        return under_test
+    binary = oldest_binary()
+    if binary == under_test:
+        pytest.skip("the minor under test is the oldest")
+    return binary
+
+
 @pytest.fixture(scope="module")
 def old(tmp_path_factory, control_plane_binary):
     stack = start_stack(tmp_path_factory.mktemp(f"k8s-{OLDEST}"), binary=oldest_binary())

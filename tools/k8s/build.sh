@@ -15,6 +15,10 @@
 #                                       promtool) and promql-names (our PromQL parser
 #                                       check), for the monitoring tests
 #   tools/k8s/build.sh --path prometheus   the folder they are (or would be) in
+#   tools/k8s/build.sh registry         the CNCF distribution registry (github.com/
+#                                       distribution/distribution/v3/cmd/registry), the
+#                                       OCI registry the install e2e pushes to
+#   tools/k8s/build.sh --path registry  where that build is (or would be)
 #   tools/k8s/build.sh plugins [MINOR]  kube-scheduler with gpu-scheduler's framework
 #                                       plugins (plugins/cmd/kube-scheduler), built from
 #                                       that minor's module into .cache/k8s/
@@ -31,7 +35,8 @@
 # go.mod with a `tool` directive for each, built into .cache/k8s/linters-<hash>/.
 # Prometheus' tools are tools/k8s/prometheus, a go.mod of its own (a `tool` directive for
 # promtool, and promql-names/, a small program on Prometheus' PromQL parser), built into
-# .cache/k8s/prometheus-<version>-<hash>/.
+# .cache/k8s/prometheus-<version>-<hash>/. The registry is tools/k8s/registry, a go.mod
+# with a `tool` directive, built into .cache/k8s/registry-<version>-<hash>/.
 set -euo pipefail
 cd "$(dirname "$0")"
 HERE=$(pwd)
@@ -177,10 +182,34 @@ build_prometheus() {
   echo "prometheus tools ready in $((SECONDS - start)) s: $dir"
 }
 
+REGISTRY_TOOL=github.com/distribution/distribution/v3/cmd/registry
+registry_version() {
+  sed -n 's|^\s*github.com/distribution/distribution/v3 \(v[0-9.]*\).*|\1|p' "$HERE/registry/go.mod" | head -1
+}
+registry_ldflags() {  # the version it reports, as its release builds stamp it
+  echo -n "-s -w -X github.com/distribution/distribution/v3/version.version=$(registry_version)"
+}
+registry_path() {
+  local hash
+  hash=$( (cat "$HERE/registry/go.mod" "$HERE/registry/go.sum"; registry_ldflags) | sha1sum | cut -c1-8)
+  echo "$ROOT/.cache/k8s/registry-$(registry_version)-$hash/registry"
+}
+
+build_registry() {
+  local bin start
+  bin=$(registry_path)
+  [ -x "$bin" ] && { echo "registry $(registry_version): $bin"; return 0; }
+  mkdir -p "$(dirname "$bin")"; start=$SECONDS
+  echo "building the distribution registry $(registry_version) into $(dirname "$bin") (cold: about a minute)"
+  (cd "$HERE/registry" && go build -trimpath -ldflags="$(registry_ldflags)" -o "$bin.tmp" "$REGISTRY_TOOL")
+  mv "$bin.tmp" "$bin"
+  echo "registry ready in $((SECONDS - start)) s: $bin"
+}
+
 case "${1:-}" in
   --minors) minors; exit 0 ;;
   --path) case "${2:-}" in kueue) kueue_path ;; linters) linters_path ;;
-    prometheus) prometheus_path ;;
+    prometheus) prometheus_path ;; registry) registry_path ;;
     plugins) plugins_path "${3:-$(newest)}" ;;
     *) path_of "${2:-$(newest)}" ;; esac; exit 0 ;;
   --tags) module_dir "$2" >/dev/null; tags_of "$2"; exit 0 ;;
@@ -189,6 +218,7 @@ case "${1:-}" in
   kueue) build_kueue; exit 0 ;;
   linters) build_linters; exit 0 ;;
   prometheus) build_prometheus; exit 0 ;;
+  registry) build_registry; exit 0 ;;
 esac
 minor=${1:-$(newest)}
 bin=$(path_of "$minor")
