@@ -6,7 +6,9 @@ control plane (issue 49):
 - a pod nominated to a node that lacks CPU (a CPU-only pod took it) still gets
   placed: the extender no longer drops every node as "kube-scheduler is behind";
 - a preemptor waiting on its nominated node keeps its room against a lower-priority
-  pod, though kube-scheduler, counting the sick GPU as free, would let that pod in.
+  pod, though kube-scheduler, counting the sick GPU as free, would let that pod in;
+- a pod the extender picked a node for, deleted while pending, frees that node's GPUs
+  at once in the extender's count.
 
 The nominated pod of the last two is made as kube-scheduler would leave it (pending,
 ``status.nominatedNodeName`` set) by patching its status while a scheduling gate holds
@@ -19,6 +21,7 @@ supported minor too.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import yaml
@@ -169,6 +172,41 @@ def nominated_preemptor_keeps_its_room(stack, tmp_path: Path) -> None:
         stack.cluster.stop_process(agent.name)
 
 
+def a_deleted_pending_pick_frees_its_gpus(stack) -> None:
+    """The extender counts a pod it answered one node for as placed there until the
+    watch shows it bound (a pick); one deleted while still pending (a gang turned
+    away, a user's delete, a failed binding followed by a delete) stops counting at
+    once, not at the pick's 30 s: the next pod asking those GPUs passes within
+    seconds. The two pods are held by a scheduling gate, so only the extender's filter
+    (called as kube-scheduler calls it) decides; no binding ever comes."""
+    import requests
+
+    case = unique("pick-gone")
+    node = plain_node(stack, case, "pick")
+    bodies = []
+    for _ in range(2):
+        manifest = pod_manifest(unique("picked"), 8, case=case)
+        manifest["spec"]["schedulingGates"] = [{"name": HOLD}]
+        bodies.append(create_pod(stack, manifest))
+    first, second = bodies
+
+    def answer(body: dict) -> list[str]:
+        call = {"Pod": body, "NodeNames": [node]}
+        done = requests.post(
+            f"{stack.extender_url}/filter", json=call, timeout=10, **stack.extender_client()
+        )
+        return done.json()["NodeNames"] or []
+
+    assert answer(first) == [node]
+    assert answer(second) == [], "the first pod's pick holds the node's 8 GPUs"
+    core(stack).delete_namespaced_pod(first["metadata"]["name"], "default")
+    started = time.monotonic()
+    wait_for(lambda: answer(second) == [node], 10, "the deleted pod's GPUs free", 0.1)
+    took = time.monotonic() - started
+    print(f"a deleted pending pick: its GPUs free {took:.2f} s after the delete")
+    core(stack).delete_namespaced_pod(second["metadata"]["name"], "default")
+
+
 def _nominated(stack, name: str) -> str | None:
     return core(stack).read_namespaced_pod(name, "default").status.nominated_node_name
 
@@ -184,3 +222,7 @@ def test_a_pod_whose_nominated_node_lacks_cpu_still_gets_placed(stack):
 
 def test_a_nominated_preemptor_keeps_its_room_against_a_lower_priority_pod(stack, tmp_path):
     nominated_preemptor_keeps_its_room(stack, tmp_path)
+
+
+def test_a_pending_pick_deleted_frees_its_gpus_at_once(stack):
+    a_deleted_pending_pick_frees_its_gpus(stack)

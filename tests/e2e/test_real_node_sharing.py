@@ -21,11 +21,13 @@ On the newest minor only (the device-plugin API is the same v1beta1 on every one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,7 @@ from kubernetes import client
 
 from gpu_scheduler import contract, sharing
 from lab import realnode
-from lab.controlplane import ROOT, start_control_plane
+from lab.controlplane import ROOT, binary_minor, plugins_scheduler, start_control_plane
 from lab.stack import NAMESPACE, Stack
 from tests.e2e.test_agent_daemonset import h100_inventory
 from tests.helpers import required, wait_for
@@ -97,14 +99,23 @@ def _values(work: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory, control_plane_binary, helm_binary):
+@contextlib.contextmanager
+def sharing_node(
+    work: Path, binary: Path, helm_binary: Path, scheduling: str = "extender"
+) -> Iterator[tuple[Stack, realnode.RealNode]]:
+    """A control plane of ``binary`` with the real node labelled for sharing, the
+    gpu-scheduler profile on ``scheduling``'s path, and the chart with the sharing agent;
+    everything gone from the host after."""
     reason = realnode.missing()
     if reason:
         required("the real node", reason)
-    work = tmp_path_factory.mktemp("realnode-sharing")
-    cluster = start_control_plane(work / "cluster", control_plane_binary, real_node=True)
-    stack = Stack(cluster, work)
+    if scheduling == "plugins":
+        try:
+            plugins_scheduler(binary_minor(binary))
+        except FileNotFoundError as exc:
+            required("the plugins path on the real node", f"{exc} (or `make test`)")
+    cluster = start_control_plane(work / "cluster", binary, real_node=True)
+    stack = Stack(cluster, work, scheduling=scheduling)
     stack.helm = helm_binary
     node = None
     try:
@@ -113,7 +124,8 @@ def shared(tmp_path_factory, control_plane_binary, helm_binary):
         labels = {contract.LABEL_GPU_PRESENT: "true", contract.LABEL_GPU_SHARING: "mps"}
         node = realnode.start_real_node(cluster, NODE, labels)
         (MPS_ROOT / "fake-state").mkdir(parents=True)  # the MPS stand-in's own notes
-        stack.start_extender()
+        if scheduling == "extender":
+            stack.start_extender()
         stack.start_schedulers()
         env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
         done = subprocess.run(
@@ -135,6 +147,13 @@ def shared(tmp_path_factory, control_plane_binary, helm_binary):
         shutil.rmtree(LAB, ignore_errors=True)
         left = realnode.leftovers()  # node.stop() swept the kubelet's device checkpoint too
     assert left == [], f"the real node left things on the host: {left}"
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, control_plane_binary, helm_binary):
+    work = tmp_path_factory.mktemp("realnode-sharing")
+    with sharing_node(work, control_plane_binary, helm_binary) as (stack, node):
+        yield stack, node
 
 
 def _node(stack: Stack) -> Any:

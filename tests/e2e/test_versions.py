@@ -43,6 +43,7 @@ from tests.e2e.test_preemption import (
     sick_gpu_gets_enough_victims,
 )
 from tests.e2e.test_preemption_state import (
+    a_deleted_pending_pick_frees_its_gpus,
     budget_kept_on_a_sick_gpu,
     nominated_node_short_of_cpu_still_places,
     nominated_preemptor_keeps_its_room,
@@ -143,10 +144,11 @@ def test_preemption_on_the_oldest_minor(old, tmp_path):
 def test_preemption_state_on_the_oldest_minor(old, tmp_path):
     """tests/e2e/test_preemption_state.py on kube-scheduler 1.34: a budget-protected pod
     kept while a sick GPU needs a victim more; a pod nominated to a node short of CPU
-    still placed; a nominated preemptor keeping its room."""
+    still placed; a nominated preemptor keeping its room; a pending pick deleted."""
     budget_kept_on_a_sick_gpu(old, tmp_path)
     nominated_node_short_of_cpu_still_places(old)
     nominated_preemptor_keeps_its_room(old, tmp_path)
+    a_deleted_pending_pick_frees_its_gpus(old)
 
 
 def test_smoke_a_dra_node_takes_a_gpu_pod(old):
