@@ -171,18 +171,26 @@ class Stack:
         self.extender_port = self.extender_port or free_port()
         self.extender_ops_port = self.extender_ops_port or free_port()
         self.extender_tls = tls
-        extra = [f"--ops-port={self.extender_ops_port}"]
         if tls:
-            server = self.leaf("extender", EXTENDER_SERVICE)
+            self.leaf("extender", EXTENDER_SERVICE)
             self.leaf("scheduler", SCHEDULER_ACCOUNT, client=True)
+        return self.start_extender_replica("extender", self.extender_port, self.extender_ops_port,
+                                           config)  # fmt: skip
+
+    def start_extender_replica(
+        self, name: str, port: int, ops_port: int, config: dict[str, Any] | None = None
+    ) -> Process:
+        """An extender on ``port`` as :meth:`start_extender` started the stack's (its
+        certificates too): the stack's is one replica, this another, as a Deployment's."""
+        extra = [f"--ops-port={ops_port}"]
+        if self.extender_tls:
+            server = self.pki / "extender"
             extra += [
                 f"--tls-cert-dir={server}",
                 f"--client-ca={server / 'ca.crt'}",
                 "--cert-reload-interval=1s",
             ]
-        return self.spawn_extender(
-            "extender", self.extender_port, config, extra=extra, ops_port=self.extender_ops_port
-        )
+        return self.spawn_extender(name, port, config, extra=extra, ops_port=ops_port)
 
     @property
     def extender_url(self) -> str:

@@ -1,0 +1,103 @@
+"""Two extender replicas behind a Service, as the chart runs them (issue 49).
+
+Each replica keeps its own picks: the pods its filter answered one node for, counted
+there until bound. A gang's members are all filtered before any is bound, so they pack
+only if one replica answers them all. The chart's Service sets `sessionAffinity:
+ClientIP`, so kube-proxy sends every connection of kube-scheduler's leader (one
+address) to the replica it first reached, while that one accepts connections.
+
+The lab runs no kube-proxy: a TCP proxy of the test's (tests/e2e/faults.py) stands in
+for the Service, routing new connections by that rule, in front of two extender
+processes with the install's TLS; kube-scheduler calls the proxy. While a gang of four
+4-GPU pods is placed, every idle connection is closed every 20 ms, so kube-scheduler
+reconnects between calls: the gang still fills two 8-GPU nodes, not four, and every
+connection went to one replica. Then that replica stops, and the next gang is placed
+by the other.
+
+Upstream PodGroups: Kubernetes 1.37 with GenericWorkload (skipped below).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from lab.processes import free_port
+from lab.stack import Stack, scheduler_config, start_stack
+from tests.e2e.faults import Proxy
+from tests.e2e.kube import core, pod_manifest, unique
+from tests.e2e.test_gangs import namespace, nodes, pod_group, upstream_gangs, wait_placed
+
+__all__ = ["namespace", "upstream_gangs"]  # fixtures, bound to this module's stack
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, control_plane_binary) -> Iterator[Stack]:
+    stack = start_stack(tmp_path_factory.mktemp("replicas"), binary=control_plane_binary)
+    try:
+        second = free_port()
+        stack.start_extender_replica("extender-b", second, free_port())
+        service = Proxy([stack.extender_port, second], affinity="ClientIP").start()
+        stack.service = service
+        stack.cluster.stop_process("gpu-scheduler")
+        config = scheduler_config(f"https://{service.address}", client_dir=stack.pki / "scheduler")
+        stack.cluster.start_scheduler("gpu-scheduler", config)
+        yield stack
+        service.stop()
+    finally:
+        stack.stop()
+
+
+def _gang(stack: Stack, namespace: str, api, case: str, already: int = 0) -> set[str]:
+    """Four 4-GPU members of one PodGroup (``already``: pods placed in the namespace
+    before); the nodes they were placed on."""
+    group = unique("pack")
+    pod_group(api, namespace, group, 4)
+    for i in range(4):
+        manifest = pod_manifest(f"{group}-{i}", 4, case=case)
+        manifest["spec"]["schedulingGroup"] = {"podGroupName": group}
+        core(stack).create_namespaced_pod(namespace, manifest)
+    placed = wait_placed(stack, namespace, already + 4)
+    pods = [p for p in placed if p.metadata.name.startswith(group)]
+    return {p.spec.node_name for p in pods}
+
+
+def test_a_gang_packs_across_reconnects_on_one_replica_and_fails_over(
+    stack, namespace, upstream_gangs
+):
+    service: Proxy = stack.service
+    case = unique("replicas")
+    empty = nodes(stack, case, 4)
+    before = dict(service.reached)
+    stop = threading.Event()
+
+    def force_close() -> None:
+        while not stop.wait(0.02):
+            service.reset_idle()
+
+    closer = threading.Thread(target=force_close, daemon=True)
+    closer.start()
+    try:
+        used = _gang(stack, namespace, upstream_gangs, case)
+    finally:
+        stop.set()
+        closer.join(5)
+    reached = {port: n - before[port] for port, n in service.reached.items()}
+    print(f"connections per replica while the gang was placed: {reached}")
+    assert len(used) == 2 and used <= set(empty), used
+    assert sorted(reached.values())[0] == 0, f"both replicas were called: {reached}"
+    assert sum(reached.values()) >= 2, f"kube-scheduler never reconnected: {reached}"
+    # The replica that answered goes away: the other takes the next gang.
+    (answered,) = [port for port, n in reached.items() if n]
+    name = "extender" if answered == stack.extender_port else "extender-b"
+    stack.cluster.stop_process(name)
+    service.reset()
+    case = unique("failover")
+    empty = nodes(stack, case, 4)
+    before = dict(service.reached)
+    used = _gang(stack, namespace, upstream_gangs, case, already=4)
+    assert len(used) == 2 and used <= set(empty), used
+    (other,) = set(service.reached) - {answered}
+    assert service.reached[other] > before[other]
