@@ -5,7 +5,7 @@ certificate they verify, no ``--plain-http`` and no insecure flags.
 
 What trusts the CA: helm through ``SSL_CERT_FILE`` (Go reads it for its system roots;
 :meth:`Registry.env`), buildah through ``--cert-dir`` and the lab's real node through
-containerd's ``certs.d`` (:func:`lab.realnode.trust_registry`).
+containerd's ``certs.d`` (:meth:`lab.realnode.RealNode.trust_registry`).
 """
 
 from __future__ import annotations
