@@ -76,8 +76,11 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_holds_the_product_and_nothing_of_the_lab_or_the_tests(wheel):
     version = PROJECT["version"]
-    assert wheel.name == f"gpu_scheduler-{version}-py3-none-any.whl"
-    dist_info = f"gpu_scheduler-{version}.dist-info"
+    # The distribution's name, as wheels spell it (gpu-scheduler-k8s: PyPI's gpu-scheduler
+    # is another project's).
+    assert PROJECT["name"] == "gpu-scheduler-k8s"
+    assert wheel.name == f"gpu_scheduler_k8s-{version}-py3-none-any.whl"
+    dist_info = f"gpu_scheduler_k8s-{version}.dist-info"
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         entry_points = archive.read(f"{dist_info}/entry_points.txt").decode()
@@ -193,14 +196,20 @@ def _closed_port() -> int:
 
 
 def test_the_documented_wheel_urls_name_this_version():
-    """The install commands (docs/install/cli.md and wherever else a release's wheel is
-    named) install the version pyproject.toml builds: bumped together at a release."""
-    url = re.compile(r"releases/download/v([^/\s]+)/gpu_scheduler-([^-\s]+)-py3-none-any\.whl")
-    found = []
+    """The install commands (docs/install/cli.md and wherever else a release's wheel or
+    the PyPI package is named) install the version pyproject.toml builds, by the name it
+    builds: bumped together at a release."""
+    url = re.compile(r"releases/download/v([^/\s]+)/([a-z0-9_]+)-([^-\s]+)-py3-none-any\.whl")
+    pinned = re.compile(r"pipx install (?:--force )?([a-z0-9-]+)==(\S+)")
+    found, by_name = [], []
     for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         if "archive" in doc.parts:
             continue
-        found += [(doc.name, *m.groups()) for m in url.finditer(doc.read_text())]
-    assert any(name == "cli.md" for name, _, _ in found)
-    version = PROJECT["version"]
-    assert all(tag == wheel == version for _, tag, wheel in found), found
+        text = doc.read_text()
+        found += [(doc.name, *m.groups()) for m in url.finditer(text)]
+        by_name += [(doc.name, *m.groups()) for m in pinned.finditer(text)]
+    assert any(name == "cli.md" for name, *_ in found)
+    assert any(name == "cli.md" for name, *_ in by_name)
+    version, wheel_name = PROJECT["version"], PROJECT["name"].replace("-", "_")
+    assert all((t, n, v) == (version, wheel_name, version) for _, t, n, v in found), found
+    assert all((n, v) == (PROJECT["name"], version) for _, n, v in by_name), by_name
