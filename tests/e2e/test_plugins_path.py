@@ -1,7 +1,8 @@
 """The plugins path on the real control plane: our kube-scheduler (the official one
-with GPUScheduler, SpotScheduler and AZScheduler compiled in, tools/k8s/build.sh
-plugins) serves the gpu-scheduler profile from deploy/scheduler/plugins/, with no
-extender in the profile. The extender path's own scenarios run here unchanged:
+with GPUScheduler, SpotScheduler, AZScheduler and GangPreemption compiled in,
+tools/k8s/build.sh plugins) serves the gpu-scheduler profile from
+deploy/scheduler/plugins/, with no extender in the profile. The extender path's own
+scenarios run here unchanged:
 
 - placement: GPU memory, spot preference, a placement group's zone, a silent agent,
   an annotation the rules cannot read (the extender's words), the GPUPlacement Event
@@ -9,7 +10,8 @@ extender in the profile. The extender path's own scenarios run here unchanged:
 - preemption with DefaultPreemption alone: just enough victims, a sick GPU the device
   plugin still advertises (kube-scheduler counts it now: the plugin's Filter runs in
   its what-if), a disruption budget that steers the preemptor, a budget-protected
-  pod kept on a sick-GPU node, ``preemptionPolicy: Never``;
+  pod kept on a sick-GPU node, ``preemptionPolicy: Never``; a gang of two nodes of
+  which no member is taken (GangPreemption, in DefaultPreemption's place);
 - gangs: two 4 x 8-GPU jobs on six nodes, one placed whole and the other after it,
   as upstream PodGroups (1.37) and through Kueue;
 
@@ -18,8 +20,7 @@ extender in the profile. The extender path's own scenarios run here unchanged:
   cannot: tests/e2e/test_shares.py);
 
 on the newest minor and on the oldest (its plugins built with pkg/fwk's 1.34 tag).
-Not here: DRA GPUs and gangs kept whole by preemption (the extender's preempt verb
-does that; DefaultPreemption does not).
+Not here: DRA GPUs.
 """
 
 from __future__ import annotations
@@ -139,6 +140,13 @@ def test_a_budget_protected_pod_is_kept_on_a_sick_gpu_node(plugins, tmp_path):
 
 def test_preemption_policy_never_evicts_nothing(plugins):
     preemption.never_preempts(plugins)
+
+
+def test_a_gang_loses_all_its_members_or_none(plugins):
+    """A gpu-scheduler.io/group with a member on each of two nodes: an 8-GPU preemptor
+    would take one member and leave its sibling holding four GPUs, and takes nothing;
+    a 4-GPU preemptor takes a lone pod (as on the extender path)."""
+    preemption.gang_whole_or_none(plugins)
 
 
 def test_shares_fit_gpu_by_gpu_and_wait_with_the_largest_piece(plugins):

@@ -88,8 +88,10 @@ def test_the_plugins_path_renders_as_its_kustomize_components(binaries, tmp_path
     assert "extenders" not in config
     (profile,) = config["profiles"]
     assert [p["name"] for p in profile["plugins"]["multiPoint"]["enabled"]] == [
-        "SpotScheduler", "GPUScheduler", "AZScheduler",
+        "SpotScheduler", "GPUScheduler", "AZScheduler", "GangPreemption",
     ]  # fmt: skip
+    # DefaultPreemption with the gang rule, in its place at every point it has.
+    assert profile["plugins"]["multiPoint"]["disabled"] == [{"name": "DefaultPreemption"}]
     assert "podGroupPostFilter" not in profile["plugins"]  # kept on: the Filter runs in it
     role = docs[("Role", NAMESPACE, "gpu-scheduler-heartbeats")]
     assert role["rules"] == [
@@ -166,9 +168,11 @@ def test_one_value_changes_both_paths(binaries):
     )
     assert policies["defaultPlacement"] == "spread" and policies["heartbeatWindow"] == 900
     (profile,) = _scheduler_config(_template(helm, *PLUGINS, *values))["profiles"]
-    weights = {p["name"]: p["weight"] for p in profile["plugins"]["multiPoint"]["enabled"]}
+    weights = {p["name"]: p.get("weight") for p in profile["plugins"]["multiPoint"]["enabled"]}
     # GPUScheduler adds up gpu, scarcity and fragmentation: its weight is their sum
-    assert weights == {"SpotScheduler": 3, "GPUScheduler": 25, "AZScheduler": 20}
+    assert weights == {
+        "SpotScheduler": 3, "GPUScheduler": 25, "AZScheduler": 20, "GangPreemption": None,
+    }  # fmt: skip
     assert profile["plugins"]["score"]["enabled"] == [{"name": "ImageLocality", "weight": 1}]
     args = {c["name"]: c["args"] for c in profile["pluginConfig"]}
     assert args["GPUScheduler"] == {
@@ -183,7 +187,9 @@ def test_one_value_changes_both_paths(binaries):
         'extender.config.disabled=["spot","zone","heartbeat","scarcity"]',
     )  # fmt: skip
     (profile,) = _scheduler_config(off)["profiles"]
-    assert profile["plugins"]["multiPoint"]["enabled"] == [{"name": "GPUScheduler", "weight": 13}]
+    assert profile["plugins"]["multiPoint"]["enabled"] == [
+        {"name": "GPUScheduler", "weight": 13}, {"name": "GangPreemption"},
+    ]  # fmt: skip
     args = {c["name"]: c["args"] for c in profile["pluginConfig"]}
     assert "AZScheduler" not in args and args["GPUScheduler"]["heartbeatWindow"] == "0s"
     assert args["GPUScheduler"]["weights"] == {"gpu": 5, "scarcity": 0, "fragmentation": 8}

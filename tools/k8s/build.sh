@@ -77,7 +77,9 @@ path_of() {
 # The plugins (plugins/, a Go module each minor's module requires and replaces with the
 # folder): the framework's types moved in 1.35, and pkg/fwk picks them by a build tag.
 PLUGINS_MAIN=github.com/gpu-scheduler/gpu-scheduler/plugins/cmd/kube-scheduler
-tags_of() { [ "$1" = 1.34 ] && echo k8s1_34 || true; }
+# k8s1_34: the framework's types before they moved; k8s1_34/35/36: DefaultPreemption's
+# victims were single pods before 1.37 (plugins/pkg/gangpreemption).
+tags_of() { case $1 in 1.34|1.35|1.36) echo "k8s${1/./_}" ;; esac; }
 plugins_path() {
   local minor=$1 dir version flags hash
   dir=$(module_dir "$minor"); version=$(version_of "$dir"); flags=$(ldflags "$version" "$dir")

@@ -53,6 +53,10 @@ profiles:
       multiPoint:
         enabled:
           {{- toYaml $enabled | nindent 10 }}
+          # DefaultPreemption with the extender's gang rule, in its place.
+          - name: GangPreemption
+        disabled:
+          - name: DefaultPreemption
       {{- with .Values.scheduler.profile.extraScorePlugins }}
       score:
         enabled:

@@ -41,6 +41,15 @@ const AnnPlacement = "gpu-scheduler.io/placement"
 const AnnSpot = "gpu-scheduler.io/spot"
 const AnnGroup = "gpu-scheduler.io/group"
 
+// LabelKueuePodset: a pod of a Kueue workload carries it.
+const LabelKueuePodset = "kueue.x-k8s.io/podset"
+
+// LabelKueuePodGroup: Kueue's plain-pod group.
+const LabelKueuePodGroup = "kueue.x-k8s.io/pod-group-name"
+
+// AnnKueueWorkload: the Kueue Workload a pod belongs to.
+const AnnKueueWorkload = "kueue.x-k8s.io/workload"
+
 // AnnGpus: the agent's per-GPU annotation (JSON).
 const AnnGpus = "gpu-scheduler.io/gpus"
 const AnnGpuShares = "gpu-scheduler.io/gpu-shares"
