@@ -15,6 +15,7 @@ so when the class changes the slices must be listed again: :attr:`needs_relist` 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from collections.abc import Iterable, Mapping
@@ -379,15 +380,15 @@ def gpu_facts(base: NodeFacts | None, index: DraIndex, name: str) -> NodeFacts |
             f"device {key[2]} ({', '.join(taints)})" for key, taints in sorted(tainted.items())
         )
         health = GpuHealth(len(gpus) - len(tainted), len(gpus), words)
-    return NodeFacts(
-        name,
-        min(len(gpus), MAX_GPUS),
+    # Everything else the Node says stays (CPU and memory, PreferNoSchedule taints, the
+    # heartbeat, zone and domains); the GPU facts are the devices'.
+    return dataclasses.replace(
+        base,
+        allocatable=min(len(gpus), MAX_GPUS),
         labelled_gpu=True,
         memory_mib=least.memory_mib,
         product=least.product,
-        capacity_type=base.capacity_type,
-        zone=base.zone,
-        domains=base.domains,
+        replicas=1,
         dra=True,
         health=health,
         shared=SharedNode("dra", tuple((g.uuid, g.capacity, True) for g in shared), None, 0)

@@ -248,6 +248,20 @@ def test_claims_and_slices_come_and_go():
     assert cache.view().nodes["dra-l4"].allocatable == 0
 
 
+def test_a_dra_node_keeps_what_its_node_says_besides_the_gpus():
+    """The devices give a DRA node its GPU facts; its CPU and memory (fragmentation
+    reads them), its PreferNoSchedule taints (the preemption tiers and the pick read
+    them) and its zone stay the Node's."""
+    cache = dra_cache()
+    node = make_node("dra-h100", zone="z1", cpu="48", memory="512Gi")
+    node["spec"]["taints"] = [{"key": "maintenance", "value": "soon", "effect": "PreferNoSchedule"}]
+    cache.node_event("MODIFIED", node)
+    facts = cache.view().nodes["dra-h100"]
+    assert (facts.allocatable, facts.dra, facts.product) == (8, True, "NVIDIA-H100-80GB-HBM3")
+    assert (facts.cpu_milli, facts.ram_mib, facts.zone) == (48000, 512 * 1024, "z1")
+    assert facts.soft_taints == (("maintenance", "soon"),)
+
+
 def test_a_device_plugin_node_wins_over_its_slices():
     cache = dra_cache()
     cache.slice_event("ADDED", resource_slice("dp", [gpu_device(i) for i in range(2)]))
