@@ -66,7 +66,8 @@ def profile() -> dict[str, Any]:
     """The weights of deploy/'s plugins profile: each plugin's in kube-scheduler's sum,
     and GPUScheduler's of the scores it adds up."""
     (only,) = yaml.safe_load(PROFILE.read_text())["profiles"]
-    plugins = {p["name"]: p["weight"] for p in only["plugins"]["multiPoint"]["enabled"]}
+    enabled = only["plugins"]["multiPoint"]["enabled"]
+    plugins = {p["name"]: p["weight"] for p in enabled if "weight" in p}  # the scoring ones
     args = {c["name"]: c.get("args", {}) for c in only["pluginConfig"]}
     return {"plugins": plugins, "gpuScheduler": args["GPUScheduler"]["weights"]}
 

@@ -69,7 +69,7 @@ def test_the_profile_is_served_by_our_kube_scheduler(plugins):
     config = yaml.safe_load((plugins.cluster.workdir / "gpu-scheduler.yaml").read_text())
     assert "extenders" not in config
     names = [p["name"] for p in config["profiles"][0]["plugins"]["multiPoint"]["enabled"]]
-    assert names == ["SpotScheduler", "GPUScheduler", "AZScheduler"]
+    assert names == ["SpotScheduler", "GPUScheduler", "AZScheduler", "GangPreemption"]
     assert plugins_scheduler(plugins.cluster.minor).exists()
 
 
