@@ -108,7 +108,12 @@ def publish(stack: Stack, node: realnode.RealNode, binary: Path) -> None:
     steps: the image (``make image``'s, from the repo's Dockerfile) pushed where the
     release's build-push step puts it, ghcr.io's path under the registry's address; the
     chart by ``tools/release/chart.sh``, the script the release workflow runs. The real
-    node's containerd trusts the registry's CA, and so does helm (``SSL_CERT_FILE``)."""
+    node's containerd trusts the registry's CA, and so does helm (``SSL_CERT_FILE``).
+
+    Every pod of the module then runs that released reference, never the lab's local
+    name of the same image: the kubelet (1.33+, KEP-2535) checks that a pod may use an
+    image it pulled, by the name it pulled it under, and pulls again for another name
+    of the same image, which the lab's local name has no registry for."""
     import subprocess
 
     registry = stack.registry = start_registry(stack.cluster, binary)
@@ -135,10 +140,10 @@ def helm_on_path(stack: Stack, tools: Path, values: Path | None = None) -> Path:
     return tools
 
 
-def lab_values(work: Path, chart_version: str = "current", image: bool = True) -> Path:
+def lab_values(work: Path, chart_version: str = "current", image: str | None = None) -> Path:
     """What the lab adds to the README's command, as an admin's values file would
-    (``image``: the lab's image too, where the chart is not the registry's)."""
-    name, tag = realnode.images()["GPU_SCHEDULER_IMAGE"].rsplit(":", 1)
+    (``image``: the image to run, where the chart is not the registry's: the released
+    one, :attr:`Stack.release_image`)."""
     FAKE_GPUS.parent.mkdir(parents=True, exist_ok=True)
     FAKE_GPUS.write_text(yaml.safe_dump(h100_inventory(GPUS)))
     values: dict[str, Any] = {
@@ -147,6 +152,7 @@ def lab_values(work: Path, chart_version: str = "current", image: bool = True) -
         "extender": {"replicas": 0},
     }
     if image:
+        name, tag = image.rsplit(":", 1)
         values["image"] = {"repository": name, "tag": tag, "pullPolicy": "IfNotPresent"}
     if chart_version == "current":
         values["agent"] = {
@@ -197,7 +203,7 @@ def run_readme_command(stack: Stack, argv: list[str]) -> str:
         chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
         assert version == chart["version"], f"README installs {version}, the chart is {chart}"
         args[at] = README_CHART.replace(README_REGISTRY, stack.registry.address, 1)
-        args += ["-f", str(lab_values(stack.workdir, image=False)), "--timeout", "6m"]
+        args += ["-f", str(lab_values(stack.workdir)), "--timeout", "6m"]
         binary = stack.helm
     else:
         binary = stack.cluster.binary
@@ -407,7 +413,7 @@ def test_gpu_pod_mutated_by_the_webhook_pod_placed_run_and_released(real):
     namespace = "real-node"
     ensure_namespace(real, namespace)
     name = unique("runs")
-    image = realnode.images()["GPU_SCHEDULER_IMAGE"]
+    image = real.release_image
     manifest = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -629,7 +635,7 @@ def run_page(stack: Stack, script: str, work: Path) -> str:
     clone = work / "gpu-scheduler"
     if not clone.exists():
         clone.symlink_to(ROOT)
-    tools = helm_on_path(stack, work / "bin", lab_values(stack.workdir, image=False))
+    tools = helm_on_path(stack, work / "bin", lab_values(stack.workdir))
     env = {
         **stack.registry.env(),
         "PATH": f"{tools}:{os.environ['PATH']}",
@@ -722,7 +728,7 @@ def test_upgrade_from_the_previous_release_keeps_gpu_pods_placeable(real, tmp_pa
     core.delete_namespace(NAMESPACE)
     namespace_gone(real)
     run("install", "gpu-scheduler", str(PREVIOUS_CHART), "--create-namespace",
-        "-f", str(lab_values(real.workdir, "0.1.0")))  # fmt: skip
+        "-f", str(lab_values(real.workdir, "0.1.0", real.release_image)))  # fmt: skip
     done = install_certs(real.cluster, tmp_path / "certs-out", tmp_path / "bin")
     assert done.returncode == 0, done.stdout + done.stderr
     webhook_pods_ready(real, "0.1.0's webhook pods Ready")
@@ -741,7 +747,7 @@ def test_upgrade_from_the_previous_release_keeps_gpu_pods_placeable(real, tmp_pa
     probe.started = started = time.monotonic()
     probe.start()
     run("upgrade", "gpu-scheduler", str(CHART), "--wait", "--timeout", "6m",
-        "-f", str(lab_values(real.workdir)))  # fmt: skip
+        "-f", str(lab_values(real.workdir, image=real.release_image)))  # fmt: skip
     upgraded = time.monotonic() - started
 
     def adopted() -> bool:
@@ -770,10 +776,10 @@ def test_upgrade_from_the_previous_release_keeps_gpu_pods_placeable(real, tmp_pa
         core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
 
 
-def kustomize_overlay(work: Path) -> Path:
+def kustomize_overlay(work: Path, image: str) -> Path:
     """deploy/ plus the lab's settings, as an admin's overlay would add them: the same
-    as lab_values() gives the chart."""
-    name, tag = realnode.images()["GPU_SCHEDULER_IMAGE"].rsplit(":", 1)
+    as lab_values() gives the chart, ``image`` the one to run."""
+    name, tag = image.rsplit(":", 1)
     folder = work / "overlay"
     folder.mkdir(exist_ok=True)
     lab_values(work)  # writes the fake inventory
@@ -823,7 +829,7 @@ def test_kubectl_apply_k_installs_the_same_with_nothing_on_the_host(real):
     core = client.CoreV1Api(real.api)
     subprocess_run = real.cluster.k8s
     uninstall(real)
-    overlay = kustomize_overlay(real.workdir)
+    overlay = kustomize_overlay(real.workdir, real.release_image)
     started = time.monotonic()
     subprocess_run("kubectl", "apply", "--server-side", "-k", str(overlay))
     wanted = {"gpu-scheduler-webhook": 2, "gpu-scheduler-certs": 1, "gpu-scheduler-agent": 1}
