@@ -15,17 +15,19 @@ set -euo pipefail
 [ $# = 3 ] || { echo "usage: $0 REGISTRY OWNER VERSION" >&2; exit 2; }
 registry=$1 owner=$2 version=$3
 helm=${HELM:-helm}
-dist=$(realpath -m "${DIST:-dist}")
+dist=${DIST:-dist}
+case $dist in /*) ;; *) dist=$PWD/$dist ;; esac
 cd "$(dirname "$0")/../.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cp -r charts/gpu-scheduler "$work/gpu-scheduler"
 values=$work/gpu-scheduler/values.yaml
-# The values' image repositories, ghcr.io/gpu-scheduler/<image>: both must move.
-pattern='^\(\s*repository: \)ghcr\.io/gpu-scheduler/\(gpu-scheduler[a-z-]*\)$'
-found=$(grep -c "$(echo "$pattern" | sed 's/\\(\|\\)//g')" "$values" || true)
+# The values' image repositories, ghcr.io/gpu-scheduler/<image>: both must move. (POSIX
+# grep and sed, no -i: macOS's tools run it too.)
+pattern='^\([[:space:]]*repository: \)ghcr\.io/gpu-scheduler/\(gpu-scheduler[a-z-]*\)$'
+found=$(grep -c '^[[:space:]]*repository: ghcr\.io/gpu-scheduler/gpu-scheduler[a-z-]*$' "$values" || true)
 [ "$found" = 2 ] || { echo "$values: $found image repositories under ghcr.io/gpu-scheduler, expected 2" >&2; exit 1; }
-sed -i "s|$pattern|\1$registry/$owner/\2|" "$values"
+sed "s|$pattern|\1$registry/$owner/\2|" "$values" >"$values.new" && mv "$values.new" "$values"
 mkdir -p "$dist"
 "$helm" package "$work/gpu-scheduler" --version "$version" --app-version "$version" --destination "$dist"
 "$helm" push "$dist/gpu-scheduler-$version.tgz" "oci://$registry/$owner/charts"
