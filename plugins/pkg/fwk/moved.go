@@ -20,6 +20,8 @@ type (
 	ScoreExtensions     = fw.ScoreExtensions
 	NodeScoreList       = fw.NodeScoreList
 	NodeScore           = fw.NodeScore
+	PostFilterResult    = fw.PostFilterResult
+	NodeToStatusReader  = fw.NodeToStatusReader
 	// SignPlugin and SignFragment: batching of alike pods (1.35+).
 	SignPlugin   = fw.SignPlugin
 	SignFragment = fw.SignFragment

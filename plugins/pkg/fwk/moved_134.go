@@ -20,6 +20,8 @@ type (
 	ScoreExtensions     = fw.ScoreExtensions
 	NodeScoreList       = fw.NodeScoreList
 	NodeScore           = fw.NodeScore
+	PostFilterResult    = fw.PostFilterResult
+	NodeToStatusReader  = fw.NodeToStatusReader
 )
 
 // MaxNodeScore is the highest score a Score plugin gives.

@@ -11,7 +11,8 @@
 // whose disruption mode is All one victim across nodes, evicted together, and such a
 // victim stays eligible. The rule is upstream's customisation point, IsEligiblePod;
 // everything else is DefaultPreemption's (victim choice, budgets, the node it picks,
-// asynchronous preemption, PodGroup preemption).
+// asynchronous preemption, PodGroup preemption), but for the extender's "once per
+// preemption" (once.go).
 //
 // The extender path, which cannot replace DefaultPreemption, drops a node whose
 // victims would split a gang; a gang whose members all run on that node and are all
@@ -41,6 +42,7 @@ const Name = "GangPreemption"
 // its own.
 type GangPreemption struct {
 	*defaultpreemption.DefaultPreemption
+	once once
 }
 
 // Name is the plugin's name.
@@ -60,7 +62,7 @@ func New(ctx context.Context, _ runtime.Object, fh fwk.Handle) (fwk.Plugin, erro
 		return nil, err
 	}
 	plugin.IsEligiblePod = eligible
-	return &GangPreemption{plugin}, nil
+	return &GangPreemption{DefaultPreemption: plugin}, nil
 }
 
 // Gang is the gang a pod belongs to that kube-scheduler does not evict whole, as a key

@@ -3,6 +3,7 @@ package gangpreemption
 import (
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -58,4 +59,23 @@ func podInfo(t *testing.T, p *v1.Pod) *framework.PodInfo {
 		t.Fatal(err)
 	}
 	return info
+}
+
+func TestAPodThatPreemptedWaitsQuietBeforePreemptingAgain(t *testing.T) {
+	var o once
+	start := time.Unix(1_800_000_000, 0)
+	if o.lately("a", start) {
+		t.Fatal("a pod that never preempted may preempt")
+	}
+	o.mark("a", start)
+	if !o.lately("a", start.Add(Quiet-time.Millisecond)) || o.lately("b", start) {
+		t.Fatal("only the pod that preempted waits, and within Quiet")
+	}
+	if o.lately("a", start.Add(Quiet)) {
+		t.Fatal("after Quiet it may preempt again")
+	}
+	o.mark("b", start.Add(Quiet))
+	if _, kept := o.at["a"]; kept {
+		t.Fatal("entries past Quiet are forgotten")
+	}
 }
