@@ -27,8 +27,8 @@ import pytest
 from lab.processes import free_port
 from lab.stack import Stack, scheduler_config, start_stack
 from tests.e2e.faults import Proxy
-from tests.e2e.kube import core, pod_manifest, unique
-from tests.e2e.test_gangs import namespace, nodes, pod_group, upstream_gangs, wait_placed
+from tests.e2e.kube import unique
+from tests.e2e.test_gangs import gang_of_four, namespace, nodes, upstream_gangs
 
 __all__ = ["namespace", "upstream_gangs"]  # fixtures, bound to this module's stack
 
@@ -50,20 +50,6 @@ def stack(tmp_path_factory, control_plane_binary) -> Iterator[Stack]:
         stack.stop()
 
 
-def _gang(stack: Stack, namespace: str, api, case: str, already: int = 0) -> set[str]:
-    """Four 4-GPU members of one PodGroup (``already``: pods placed in the namespace
-    before); the nodes they were placed on."""
-    group = unique("pack")
-    pod_group(api, namespace, group, 4)
-    for i in range(4):
-        manifest = pod_manifest(f"{group}-{i}", 4, case=case)
-        manifest["spec"]["schedulingGroup"] = {"podGroupName": group}
-        core(stack).create_namespaced_pod(namespace, manifest)
-    placed = wait_placed(stack, namespace, already + 4)
-    pods = [p for p in placed if p.metadata.name.startswith(group)]
-    return {p.spec.node_name for p in pods}
-
-
 def test_a_gang_packs_across_reconnects_on_one_replica_and_fails_over(
     stack, namespace, upstream_gangs
 ):
@@ -80,7 +66,7 @@ def test_a_gang_packs_across_reconnects_on_one_replica_and_fails_over(
     closer = threading.Thread(target=force_close, daemon=True)
     closer.start()
     try:
-        used = _gang(stack, namespace, upstream_gangs, case)
+        used = gang_of_four(stack, namespace, upstream_gangs, case)
     finally:
         stop.set()
         closer.join(5)
@@ -97,7 +83,7 @@ def test_a_gang_packs_across_reconnects_on_one_replica_and_fails_over(
     case = unique("failover")
     empty = nodes(stack, case, 4)
     before = dict(service.reached)
-    used = _gang(stack, namespace, upstream_gangs, case, already=4)
+    used = gang_of_four(stack, namespace, upstream_gangs, case, already=4)
     assert len(used) == 2 and used <= set(empty), used
     (other,) = set(service.reached) - {answered}
     assert service.reached[other] > before[other]

@@ -272,15 +272,21 @@ def test_a_gang_packs_its_members_though_the_extender_cannot_see_its_siblings(
     (tests/unit/test_cache_assumed.py shuffles them)."""
     case = unique("pack")
     empty = nodes(stack, case, 4)
+    used = gang_of_four(stack, namespace, upstream_gangs, case)
+    assert len(used) == 2 and used <= set(empty), used
+
+
+def gang_of_four(stack, namespace: str, api, case: str, already: int = 0) -> set[str]:
+    """Four 4-GPU members of one PodGroup, on ``case``'s nodes (``already``: pods placed
+    in the namespace before); the nodes they were placed on."""
     group = unique("pack")
-    pod_group(upstream_gangs, namespace, group, 4)
+    pod_group(api, namespace, group, 4)
     for i in range(4):
-        manifest = pod_manifest(f"w{i}", 4, case=case)
+        manifest = pod_manifest(f"{group}-{i}", 4, case=case)
         manifest["spec"]["schedulingGroup"] = {"podGroupName": group}
         core(stack).create_namespaced_pod(namespace, manifest)
-    pods = wait_placed(stack, namespace, 4)
-    used = {p.spec.node_name for p in pods}
-    assert len(used) == 2 and used <= set(empty), used
+    placed = wait_placed(stack, namespace, already + 4)
+    return {p.spec.node_name for p in placed if p.metadata.name.startswith(group)}
 
 
 def test_a_gang_turned_away_and_deleted_leaves_no_pick_behind(stack, namespace, upstream_gangs):
