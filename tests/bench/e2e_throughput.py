@@ -22,6 +22,8 @@ round runs the variants in turn, their order turned by one from the round before
   - plugins:    the plugins path: our kube-scheduler (GPUScheduler, SpotScheduler,
                 AZScheduler compiled in; tools/k8s/build.sh plugins) with
                 deploy/scheduler/plugins/'s profile, no extender;
+  - plugins-base: with ``--plugins-base BINARY``, the plugins path with another build
+                of our kube-scheduler (an earlier commit's): before and after in one run;
   - ours-base:  with ``--base-tree DIR`` (a checkout of another commit, e.g. ``git
     worktree add /tmp/base HEAD~3``), deploy/'s profile with the extender of that
     tree, started beside ours: before and after in one run, round by round;
@@ -50,7 +52,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +76,16 @@ from tests.bench.trace_runners import NAMESPACE, clear_pods  # noqa: E402
 from tests.helpers import running  # noqa: E402
 
 TAINT = {"key": contract.RESOURCE_GPU, "value": "present", "effect": "NoSchedule"}
-VARIANTS = ("without", "bare", "bare-first", "ours", "ours-prio", "plugins", "ours-base")
+VARIANTS = (
+    "without",
+    "bare",
+    "bare-first",
+    "ours",
+    "ours-prio",
+    "plugins",
+    "plugins-base",
+    "ours-base",
+)
 SIZES = [1, 1, 2, 4, 1, 2, 8, 1]
 
 
@@ -118,7 +129,7 @@ def variant_config(variant: str, ours: str, urls: dict[str, str], qps: int) -> d
     """deploy/'s KubeSchedulerConfiguration for one variant, its profile named
     ``bench-<variant>``, the client rate limit raised to ``qps`` (burst the same);
     ``urls``: the extender of a variant that is not served by ours (bare, ours-base)."""
-    if variant == "plugins":
+    if variant.startswith("plugins"):
         cfg = plugins_config(profile=f"bench-{variant}")
     else:
         cfg = scheduler_config(urls.get(variant, ours), profile=f"bench-{variant}")
@@ -151,15 +162,25 @@ def binding_times(log: str) -> list[float]:
 
 
 def measure(
-    cluster: Any, variant: str, config: dict[str, Any], pods: int, plugins: Path | None = None
+    cluster: Any,
+    variant: str,
+    config: dict[str, Any],
+    pods: int,
+    plugins: Path | None = None,
+    pprof: Path | None = None,
 ) -> tuple[float, dict[str, float]]:
     """Bindings per second, first to last, of ``pods`` pods made for ``variant``, from
     kube-scheduler's own log (its timestamps; no watch of ours to fall behind), and
     the CPU each component spent from about the first binding to the last
     (tests/bench/proc_cpu.py; the log is read as it grows, every 50 ms). ``plugins``:
-    our kube-scheduler of the plugins path, to run instead of the control plane's."""
-    args = plugins_scheduler_flags(cluster.minor) if plugins else ()
+    our kube-scheduler of the plugins path, to run instead of the control plane's;
+    ``pprof``: a folder where kube-scheduler's CPU profile from its first binding on
+    (``/debug/pprof/profile``, PPROF_SECONDS) is written as ``<variant>.pprof``."""
+    args = [*(plugins_scheduler_flags(cluster.minor) if plugins else ())]
+    if pprof:
+        args.append("--authorization-always-allow-paths=/healthz,/readyz,/livez,/debug/pprof/*")
     proc = cluster.start_scheduler(f"scheduler-{variant}", config, plugins, args)
+    profiling: Future[None] | None = None
     deadline = time.monotonic() + 900
     seen, offset, tail = 0, 0, b""
     first: tuple[int, proc_cpu.Snapshot] | None = None
@@ -174,10 +195,14 @@ def measure(
         seen += len(binding_times(b"\n".join(lines).decode(errors="replace")))
         if seen and first is None:
             first = (seen, proc_cpu.snapshot())
+            if pprof:
+                profiling = PROFILER.submit(profile, proc.args, pprof / f"{variant}.pprof")
         if seen >= pods:
             last = (seen, proc_cpu.snapshot())
             break
         time.sleep(0.05)
+    if profiling:
+        profiling.result()
     cluster.stop_process(proc.name)
     times = binding_times(proc.log_path.read_text(errors="replace"))
     if len(times) < pods or first is None or last is None:
@@ -185,6 +210,24 @@ def measure(
     span = (times[-1] - times[0]) % 86400  # a run across midnight
     spent = proc_cpu.per_item_ms(last[1].minus(first[1]), max(1, last[0] - first[0]))
     return (len(times) - 1) / span, spent
+
+
+#: How long a profile of kube-scheduler runs (``--pprof``): about 2,500 pods' worth.
+PPROF_SECONDS = 8
+PROFILER = ThreadPoolExecutor(1)
+
+
+def profile(args: list[str], out: Path) -> None:
+    """kube-scheduler's CPU profile over PPROF_SECONDS, from the secure port in its
+    ``args``, written to ``out``."""
+    import ssl
+    import urllib.request
+
+    port = next(a.split("=", 1)[1] for a in args if a.startswith("--secure-port="))
+    insecure = ssl._create_unverified_context()  # the lab's self-signed serving cert
+    url = f"https://127.0.0.1:{port}/debug/pprof/profile?seconds={PPROF_SECONDS}"
+    with urllib.request.urlopen(url, timeout=PPROF_SECONDS + 30, context=insecure) as r:
+        out.write_bytes(r.read())
 
 
 #: The extender's counter of what became of prioritize's prepared answers (trees
@@ -302,11 +345,22 @@ def main(argv: list[str] | None = None) -> int:
         "extender does not share kube-scheduler's and the API server's cores)",
     )
     parser.add_argument(
+        "--pprof",
+        type=Path,
+        help="a folder for kube-scheduler's CPU profile of each variant and round",
+    )
+    parser.add_argument(
         "--base-tree",
         action="append",
         default=[],
         help="a checkout of another commit (DIR: variant ours-base; NAME=DIR: ours-NAME); "
         "repeatable",
+    )
+    parser.add_argument(
+        "--plugins-base",
+        type=Path,
+        help="another build of our kube-scheduler (variant plugins-base), e.g. the "
+        "cached build of an earlier commit: the plugins before and after in one run",
     )
     opts = parser.parse_args(argv)
     variants = [v for v in opts.variants.split(",") if v]
@@ -317,13 +371,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown variants: {sorted(unknown)}")
     if "ours-base" in variants and "ours-base" not in bases:
         parser.error("ours-base needs --base-tree")
+    if ("plugins-base" in variants) != bool(opts.plugins_base):
+        parser.error("plugins-base and --plugins-base go together")
 
     plane, extenders = _cpus(opts.split_cpus)
     os.sched_setaffinity(0, plane)  # what this process starts runs there
     with bare_stack("e2e-throughput-") as (stack, core):
         cluster, work = stack.cluster, stack.workdir
         # Found once: a checkout edited while the bench runs must not change it.
-        ours_scheduler = plugins_scheduler(cluster.minor) if "plugins" in variants else None
+        schedulers = {
+            "plugins": plugins_scheduler(cluster.minor) if "plugins" in variants else None,
+            "plugins-base": opts.plugins_base,
+        }
         started = time.monotonic()
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda i: core.create_node(gpu_node(f"n-{i:05d}")), range(opts.nodes)))
@@ -365,8 +424,10 @@ def main(argv: list[str] | None = None) -> int:
                 name = f"{variant}-{round_}"
                 before = prepared_counts(ops_port)
                 log_offset = log_path.stat().st_size
-                plugins = ours_scheduler if variant == "plugins" else None
-                rate, spent = measure(cluster, name, config, opts.pods, plugins)
+                plugins = schedulers.get(variant)
+                if opts.pprof:
+                    opts.pprof.mkdir(parents=True, exist_ok=True)
+                rate, spent = measure(cluster, name, config, opts.pods, plugins, opts.pprof)
                 runs[variant].append(rate)
                 cpu[variant].append(spent)
                 after = prepared_counts(ops_port)

@@ -1,6 +1,7 @@
 package facts
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -58,7 +59,7 @@ func TestAMemoryLabelIsReadAsNodeAffinityReadsIt(t *testing.T) {
 }
 
 func TestTheCacheReadsANodeOncePerResourceVersion(t *testing.T) {
-	c := &Cache{nodes: map[string]cached{}}
+	c := NewCache()
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", ResourceVersion: "1"},
 		Status: v1.NodeStatus{Allocatable: v1.ResourceList{
 			v1.ResourceName(contract.ResourceGpu): resource.MustParse("8")}}}
@@ -71,6 +72,51 @@ func TestTheCacheReadsANodeOncePerResourceVersion(t *testing.T) {
 	changed.Status.Allocatable[v1.ResourceName(contract.ResourceGpu)] = resource.MustParse("4")
 	if got := c.Of(changed); got == first || got.Allocatable != 4 {
 		t.Fatalf("a new resourceVersion kept the old facts: %+v", got)
+	}
+}
+
+// The objects read are published by pointer (the first at once, then once publishEvery
+// more of them were read): a
+// published object's facts are found without the lock, a new object of the same node
+// is read by its resourceVersion, and the map starts over once it holds staleObjects
+// more objects than there are nodes.
+func TestObjectsReadArePublishedByPointer(t *testing.T) {
+	c := NewCache()
+	nodes := make([]*v1.Node, publishEvery+1)
+	for i := range nodes {
+		nodes[i] = &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n-%d", i), ResourceVersion: "1"}}
+		c.Of(nodes[i])
+	}
+	published := c.objects.Load()
+	if published == nil {
+		t.Fatal("nothing published")
+	}
+	if len(*published) != len(nodes) {
+		t.Fatalf("after %d objects, %d published", len(nodes), len(*published))
+	}
+	// a published object is answered from the map, even were the name level gone
+	first := c.Of(nodes[0])
+	c.mu.Lock()
+	clear(c.nodes)
+	c.mu.Unlock()
+	if c.Of(nodes[0]) != first {
+		t.Fatal("a published object was read again")
+	}
+	// the same node decoded again at a new version: its own facts
+	again := nodes[1].DeepCopy()
+	again.ResourceVersion = "2"
+	again.Status.Allocatable = v1.ResourceList{v1.ResourceName(contract.ResourceGpu): resource.MustParse("2")}
+	if got := c.Of(again); got.Allocatable != 2 {
+		t.Fatalf("a new object of a published node: %+v", got)
+	}
+	// objects of nodes that changed pile up until the map starts over
+	for i := 0; i < 2*staleObjects; i++ {
+		changed := nodes[0].DeepCopy()
+		changed.ResourceVersion = fmt.Sprint(i + 3)
+		c.Of(changed)
+	}
+	if n := len(*c.objects.Load()); n > len(c.nodes)+staleObjects {
+		t.Fatalf("%d objects published for %d nodes", n, len(c.nodes))
 	}
 }
 

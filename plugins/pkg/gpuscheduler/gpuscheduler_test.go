@@ -159,6 +159,27 @@ func TestTheHeartbeatGuardTripsWhenMostAgentsFallSilentAtOnce(t *testing.T) {
 	}
 }
 
+// A renewal moves a node's heartbeat and nothing else; a Lease that comes or goes moves
+// Presence (what PreScore's cached fits hold on to), and a deleted one leaves its node
+// unmanaged.
+func TestLeasesComeRenewAndGo(t *testing.T) {
+	h := NewHeartbeats()
+	at := time.Unix(1_800_000_000, 123)
+	h.Set("a", time.Time{})
+	came := h.Presence()
+	if renewed, managed := h.Of("a"); !managed || !renewed.IsZero() {
+		t.Fatalf("a Lease not renewed yet: %v %v", renewed, managed)
+	}
+	h.Set("a", at)
+	if renewed, managed := h.Of("a"); !managed || !renewed.Equal(at) || h.Presence() != came {
+		t.Fatalf("renewed: %v %v, presence %d -> %d", renewed, managed, came, h.Presence())
+	}
+	h.forget("a")
+	if _, managed := h.Of("a"); managed || h.Presence() == came {
+		t.Fatal("a deleted Lease still manages its node, or presence did not move")
+	}
+}
+
 func TestArgsAreCheckedAsTheExtendersConfiguration(t *testing.T) {
 	for _, raw := range []string{`{"defaultPlacement": "tight"}`, `{"heartbeatWindow": "-1s"}`} {
 		if _, err := config.DecodeGPUScheduler(unknown(raw)); err == nil {

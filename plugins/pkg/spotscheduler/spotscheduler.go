@@ -25,7 +25,11 @@ const Name = "SpotScheduler"
 const stateKey fwk.StateKey = Name
 
 // SpotScheduler filters on require/forbid and scores on prefer/avoid.
-type SpotScheduler struct{ facts.Signer }
+type SpotScheduler struct {
+	facts.Signer
+	// kinds: the cluster's spot nodes counted (nil: each list of nodes is read)
+	kinds *Kinds
+}
 
 var (
 	_ fwk.PreFilterPlugin = &SpotScheduler{}
@@ -34,10 +38,21 @@ var (
 	_ fwk.ScorePlugin     = &SpotScheduler{}
 )
 
-// New builds the plugin (it has no args).
-func New(context.Context, runtime.Object, fwk.Handle) (fwk.Plugin, error) {
-	return &SpotScheduler{}, nil
+// New builds the plugin (it has no args); it counts spot nodes from kube-scheduler's
+// Node informer.
+func New(_ context.Context, _ runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
+	p := &SpotScheduler{}
+	if handle != nil && handle.SharedInformerFactory() != nil {
+		p.kinds = NewKinds()
+		if err := p.kinds.Watch(handle.SharedInformerFactory().Core().V1().Nodes().Informer()); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
 }
+
+// NewWith builds the plugin over a count of the cluster's spot nodes (tests).
+func NewWith(kinds *Kinds) *SpotScheduler { return &SpotScheduler{kinds: kinds} }
 
 // Name is the plugin's name.
 func (p *SpotScheduler) Name() string { return Name }
@@ -125,7 +140,7 @@ func ruleOf(cs fwk.CycleState) (string, error) {
 // which changes no ranking).
 func (p *SpotScheduler) PreScore(_ context.Context, cs fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
 	rule := Preference(pod)
-	if rule != "prefer" && rule != "avoid" || Alike(nodes) {
+	if rule != "prefer" && rule != "avoid" || p.kinds.OneKind() || Alike(nodes) {
 		return fwk.NewStatus(fwk.Skip)
 	}
 	cs.Write(stateKey, preference(rule))
