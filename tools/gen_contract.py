@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from extender import model  # noqa: E402
 from extender.policies import REGISTRY, gpu, heartbeat, spot  # noqa: E402
 from extender.cache_shares import MAX_SHARE_CLASSES  # noqa: E402
-from gpu_scheduler import constraints, contract, sharing  # noqa: E402
+from gpu_scheduler import constraints, contract, dra, sharing  # noqa: E402
 
 OUT = ROOT / "plugins" / "pkg" / "contract" / "zz_generated.contract.go"
 
@@ -84,7 +84,13 @@ def strings() -> list[tuple[str, str, str]]:
         ("LEASE_LABEL_VALUE", ""),
         ("LEASE_SELECTOR", ""),
     ]
-    return [(camel(name), getattr(c, name), why) for name, why in named]
+    out = [(camel(name), getattr(c, name), why) for name, why in named]
+    drivers = [
+        ("NVIDIA_DRIVER", "the NVIDIA DRA driver's name and attribute domain"),
+        ("ATTR_PRODUCT", "its device attribute naming the product (NVML's name)"),
+        ("CAPACITY_MEMORY", "its device capacity of GPU memory"),
+    ]
+    return out + [(f"Dra{camel(name)}", getattr(dra, name), why) for name, why in drivers]
 
 
 def integers() -> list[tuple[str, int, str]]:
@@ -99,6 +105,8 @@ def integers() -> list[tuple[str, int, str]]:
         ("ShareMaxPodKey", sharing.MAX_POD_KEY, "longest pod key in AnnGpuShares"),
         ("ShareMaxAnnotation", sharing.MAX_SHARES_ANNOTATION, "a longer AnnGpuShares is not read"),
         ("ShareMaxClasses", MAX_SHARE_CLASSES, "share classes kept in the mix"),
+        ("DraMaxTaints", dra.MAX_TAINTS, "a device's blocking taints read"),
+        ("DraMaxRequests", dra.MAX_REQUESTS, "a claim's requests read"),
     ]
     rows += [(f"Gpu{camel(code)}", getattr(gpu, code), "") for code in GPU_CODES]
     rows += [("SpotNotSpot", spot.NOT_SPOT, ""), ("SpotIsSpot", spot.IS_SPOT, "")]
@@ -116,6 +124,7 @@ def lists() -> list[tuple[str, tuple[str, ...], str]]:
         ("SharingModes", contract.SHARING_MODES, ""),
         ("SpotPreferences", constraints.SPOT_PREFERENCES, ""),
         ("Placements", model.PLACEMENTS, ""),
+        ("DraBlockingEffects", dra.BLOCKING_EFFECTS, "device taint effects that keep pods off"),
     ]
 
 

@@ -116,6 +116,12 @@ def test_capacity_on_still_defers_to_the_device_plugin(lab):
 
 @pytest.fixture(scope="module")
 def dra_nodes(lab):
+    return make_dra_nodes(lab)
+
+
+def make_dra_nodes(lab) -> dict[str, str]:
+    """The GPU class, two nodes of DRA GPUs (8 H100s, 4 L4s) and one of the device
+    plugin's (8 A100s): the DRA scenarios' cluster, on either path."""
     create_gpu_device_class(lab)
     h100 = create_node(lab, "dra-h100", case="dra", taints=GPU_TAINT)
     l4 = create_node(lab, "dra-l4", case="dra", taints=GPU_TAINT)
@@ -142,52 +148,59 @@ def claim_of(stack, pod: str) -> dict[str, Any]:
 
 
 def test_dra_and_device_plugin_nodes_in_one_cluster(lab, dra_nodes):
-    h100, l4, a100 = dra_nodes["h100"], dra_nodes["l4"], dra_nodes["a100"]
     with scenario(lab, "dra", proxied=False) as s:
         wait_for(
             lambda: "with DRA GPUs" in requests.get(s.url + "/readyz", timeout=2).text,
             30,
             "the extender sees the DRA nodes",
         )
-        h100_only = {contract.ANN_GPU_PRODUCTS: "NVIDIA-H100-80GB-HBM3"}
-        # gpu-products on a DRA node: only the H100s
-        first = s.pod(6, "dra", annotations=h100_only)
-        assert wait_bound(lab, first, timeout=30) == h100
-        # binpack across both kinds: the DRA L4s (4 free) pack better than the device
-        # plugin's A100s (8 free); scarcity keeps this unrestricted pod off the H100s,
-        # which restricted pods need
-        second = s.pod(2, "dra")
-        assert wait_bound(lab, second, timeout=30) == l4
-        # the H100 node's last 2 (its claim holds 6: usage comes from the claims)
-        third = s.pod(2, "dra", annotations=h100_only)
-        assert wait_bound(lab, third, timeout=30) == h100
-        # min-gpu-memory on DRA nodes: 23034 MiB L4s are too small for 40Gi
-        fourth = s.pod(1, "dra", annotations={contract.ANN_MIN_GPU_MEMORY: "40Gi"})
-        assert wait_bound(lab, fourth, timeout=30) == a100
-        # an impossible pod's event carries the extender's reason
-        impossible = s.pod(1, "dra", annotations={contract.ANN_GPU_PRODUCTS: "NVIDIA-B200"})
-        wait_event(lab, impossible, "is not one of gpu-scheduler.io/gpu-products=NVIDIA-B200")
+        dra_and_device_plugin_nodes(lab, dra_nodes, lambda gpus, **kw: s.pod(gpus, "dra", **kw))
 
-        # The claims are allocated on the chosen nodes, and no node is over-committed.
-        held: dict[str, set[str]] = {}
-        for pod, node in ((first, h100), (second, l4), (third, h100)):
-            found = claim_of(lab, pod)
-            assert found["metadata"]["annotations"][dra.ANN_EXTENDED_RESOURCE_CLAIM] == "true"
-            results = found["status"]["allocation"]["devices"]["results"]
-            assert {r["pool"] for r in results} == {node}
-            for r in results:
-                assert r["device"] not in held.setdefault(node, set()), "device given twice"
-                held[node].add(r["device"])
-        assert len(held[h100]) == 8 and len(held[l4]) == 2
-        # gpu-scheduler status sees both kinds
-        from extender.status import cluster_status
 
-        table = cluster_status(lab.api)
-        cells = [re.split(r"\s{2,}", line) for line in table.splitlines()[1:-1]]
-        rows = {row[0]: row for row in cells}
-        assert rows[h100][1:8] == ["NVIDIA-H100-80GB-HBM3", "81559 MiB", "DRA", "8", "-", "8", "0"]
-        assert rows[l4][1:8] == ["NVIDIA-L4", "23034 MiB", "DRA", "4", "-", "2", "2"]
-        assert rows[a100][3:8] == ["whole", "8", "-", "1", "7"]
+def dra_and_device_plugin_nodes(lab, dra_nodes: dict[str, str], pod) -> None:
+    """Pods (``pod(gpus, annotations=...)``: created on the path under test) placed on
+    DRA and device-plugin nodes by product, memory and binpack; the claims
+    kube-scheduler allocated for them on the chosen nodes."""
+    h100, l4, a100 = dra_nodes["h100"], dra_nodes["l4"], dra_nodes["a100"]
+    h100_only = {contract.ANN_GPU_PRODUCTS: "NVIDIA-H100-80GB-HBM3"}
+    # gpu-products on a DRA node: only the H100s
+    first = pod(6, annotations=h100_only)
+    assert wait_bound(lab, first, timeout=30) == h100
+    # binpack across both kinds: the DRA L4s (4 free) pack better than the device
+    # plugin's A100s (8 free); scarcity keeps this unrestricted pod off the H100s,
+    # which restricted pods need
+    second = pod(2)
+    assert wait_bound(lab, second, timeout=30) == l4
+    # the H100 node's last 2 (its claim holds 6: usage comes from the claims)
+    third = pod(2, annotations=h100_only)
+    assert wait_bound(lab, third, timeout=30) == h100
+    # min-gpu-memory on DRA nodes: 23034 MiB L4s are too small for 40Gi
+    fourth = pod(1, annotations={contract.ANN_MIN_GPU_MEMORY: "40Gi"})
+    assert wait_bound(lab, fourth, timeout=30) == a100
+    # an impossible pod's event carries the extender's reason
+    impossible = pod(1, annotations={contract.ANN_GPU_PRODUCTS: "NVIDIA-B200"})
+    wait_event(lab, impossible, "is not one of gpu-scheduler.io/gpu-products=NVIDIA-B200")
+
+    # The claims are allocated on the chosen nodes, and no node is over-committed.
+    held: dict[str, set[str]] = {}
+    for name, node in ((first, h100), (second, l4), (third, h100)):
+        found = claim_of(lab, name)
+        assert found["metadata"]["annotations"][dra.ANN_EXTENDED_RESOURCE_CLAIM] == "true"
+        results = found["status"]["allocation"]["devices"]["results"]
+        assert {r["pool"] for r in results} == {node}
+        for r in results:
+            assert r["device"] not in held.setdefault(node, set()), "device given twice"
+            held[node].add(r["device"])
+    assert len(held[h100]) == 8 and len(held[l4]) == 2
+    # gpu-scheduler status sees both kinds
+    from extender.status import cluster_status
+
+    table = cluster_status(lab.api)
+    cells = [re.split(r"\s{2,}", line) for line in table.splitlines()[1:-1]]
+    rows = {row[0]: row for row in cells}
+    assert rows[h100][1:8] == ["NVIDIA-H100-80GB-HBM3", "81559 MiB", "DRA", "8", "-", "8", "0"]
+    assert rows[l4][1:8] == ["NVIDIA-L4", "23034 MiB", "DRA", "4", "-", "2", "2"]
+    assert rows[a100][3:8] == ["whole", "8", "-", "1", "7"]
 
 
 def test_a_tainted_dra_device_is_not_offered(lab, dra_nodes):
@@ -195,6 +208,13 @@ def test_a_tainted_dra_device_is_not_offered(lab, dra_nodes):
     of 4 DRA GPUs, one tainted NoSchedule. The extender counts 3 (status: HEALTHY and
     FREE 3), a 3-GPU pod is placed there and a 4-GPU pod is not. Then a DeviceTaintRule
     takes one more device out, and gives it back when deleted."""
+    with scenario(lab, "dra-sick", proxied=False) as s:
+        tainted_device_not_offered(lab, lambda gpus: s.pod(gpus, "dra-sick"))
+
+
+def tainted_device_not_offered(lab, pod) -> None:
+    """The tainted-device scenario, its pods made by ``pod(gpus)`` on the path under
+    test (skipped before 1.37, whose API server drops device taints)."""
     from extender.status import cluster_status
 
     minor = server_minor(lab)
@@ -203,38 +223,37 @@ def test_a_tainted_dra_device_is_not_offered(lab, dra_nodes):
     node = create_node(lab, "dra-sick", case="dra-sick", taints=GPU_TAINT)
     taint = {"key": "gpu.nvidia.com/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
     publish_slice(lab, node, "NVIDIA L4", 23034, 4, taints={1: [taint]})
-    with scenario(lab, "dra-sick", proxied=False) as s:
-        wait_for(
-            lambda: node in cluster_status(lab.api) and _row(lab, node)[5:8] == ["3", "0", "3"],
-            30,
-            "the tainted device left out",
-        )
-        whole = s.pod(4, "dra-sick")
-        three = s.pod(3, "dra-sick")
-        assert wait_bound(lab, three, timeout=30) == node
-        wait_event(lab, whole, "FailedScheduling")
-        assert core(lab).read_namespaced_pod(whole, "default").spec.node_name is None
-        # A DeviceTaintRule (maintenance) on one of the three in use: out of the pool,
-        # it counts neither free nor in use; deleting the rule gives it back.
-        resource = client.ResourceV1Api(lab.api)
-        resource.create_device_taint_rule(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceTaintRule",
-                "metadata": {"name": "dra-sick-maintenance"},
-                "spec": {
-                    "deviceSelector": {
-                        "driver": dra.NVIDIA_DRIVER,
-                        "pool": node,
-                        "device": "gpu-2",
-                    },
-                    "taint": {"key": "maintenance", "value": "true", "effect": "NoSchedule"},
+    wait_for(
+        lambda: node in cluster_status(lab.api) and _row(lab, node)[5:8] == ["3", "0", "3"],
+        30,
+        "the tainted device left out",
+    )
+    whole = pod(4)
+    three = pod(3)
+    assert wait_bound(lab, three, timeout=30) == node
+    wait_event(lab, whole, "FailedScheduling")
+    assert core(lab).read_namespaced_pod(whole, "default").spec.node_name is None
+    # A DeviceTaintRule (maintenance) on one of the three in use: out of the pool,
+    # it counts neither free nor in use; deleting the rule gives it back.
+    resource = client.ResourceV1Api(lab.api)
+    resource.create_device_taint_rule(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceTaintRule",
+            "metadata": {"name": "dra-sick-maintenance"},
+            "spec": {
+                "deviceSelector": {
+                    "driver": dra.NVIDIA_DRIVER,
+                    "pool": node,
+                    "device": "gpu-2",
                 },
-            }
-        )
-        wait_for(lambda: _row(lab, node)[5] == "2", 30, "the rule's device left out")
-        resource.delete_device_taint_rule("dra-sick-maintenance")
-        wait_for(lambda: _row(lab, node)[5] == "3", 30, "the device back")
+                "taint": {"key": "maintenance", "value": "true", "effect": "NoSchedule"},
+            },
+        }
+    )
+    wait_for(lambda: _row(lab, node)[5] == "2", 30, "the rule's device left out")
+    resource.delete_device_taint_rule("dra-sick-maintenance")
+    wait_for(lambda: _row(lab, node)[5] == "3", 30, "the device back")
 
 
 def _row(stack, node: str) -> list[str]:

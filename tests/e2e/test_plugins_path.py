@@ -18,9 +18,9 @@ scenarios run here unchanged:
 - shares of a GPU: best fit GPU by GPU and the largest free piece in the reason; a
   share that preempts the whole-GPU pod holding its GPU (which the extender path
   cannot: tests/e2e/test_shares.py);
+- DRA GPUs: a tainted device not offered (tests/e2e/test_gpu_stack.py);
 
 on the newest minor and on the oldest (its plugins built with pkg/fwk's 1.34 tag).
-Not here: DRA GPUs.
 """
 
 from __future__ import annotations
@@ -36,12 +36,13 @@ from lab.controlplane import GANG_MINOR, plugins_scheduler, supported_minors
 from lab.stack import start_stack
 from tests.e2e import test_explain as explain
 from tests.e2e import test_gangs as gangs
+from tests.e2e import test_gpu_stack as gpu_stack
 from tests.e2e import test_placement as placement
 from tests.e2e import test_preemption as preemption
 from tests.e2e import test_preemption_state as preemption_state
 from tests.e2e import test_shares as shares
 from tests.e2e.kube import core, ensure_namespace, unique, wait_bound, wait_event
-from tests.e2e.scenarios import gpu_node, place
+from tests.e2e.scenarios import create_gpu_device_class, gpu_node, place
 from tests.e2e.test_versions import oldest_binary
 from tests.helpers import required
 
@@ -192,3 +193,8 @@ def test_kueue_admits_one_job_whole_and_the_other_after_it(plugins, tmp_path):
             )
     finally:
         kueue.stop()
+
+
+def test_a_tainted_dra_device_is_not_offered(plugins):
+    create_gpu_device_class(plugins)
+    gpu_stack.tainted_device_not_offered(plugins, lambda gpus: place(plugins, "dra-sick", gpus))

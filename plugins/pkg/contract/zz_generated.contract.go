@@ -74,6 +74,15 @@ const LeaseLabel = "gpu-scheduler.io/heartbeat"
 const LeaseLabelValue = "agent"
 const LeaseSelector = "gpu-scheduler.io/heartbeat=agent"
 
+// DraNvidiaDriver: the NVIDIA DRA driver's name and attribute domain.
+const DraNvidiaDriver = "gpu.nvidia.com"
+
+// DraAttrProduct: its device attribute naming the product (NVML's name).
+const DraAttrProduct = "productName"
+
+// DraCapacityMemory: its device capacity of GPU memory.
+const DraCapacityMemory = "memory"
+
 // MaxGpusAnnotation: a longer AnnGpus is not read.
 const MaxGpusAnnotation = 65536
 
@@ -101,6 +110,12 @@ const ShareMaxAnnotation = 262144
 
 // ShareMaxClasses: share classes kept in the mix.
 const ShareMaxClasses = 32
+
+// DraMaxTaints: a device's blocking taints read.
+const DraMaxTaints = 16
+
+// DraMaxRequests: a claim's requests read.
+const DraMaxRequests = 32
 const GpuNoGpus = 1
 const GpuNotAdvertised = 2
 const GpuNotShared = 3
@@ -142,6 +157,9 @@ var SharingModes = []string{"mps", "time-slicing"}
 var SpotPreferences = []string{"prefer", "avoid", "require", "forbid"}
 
 var Placements = []string{"binpack", "spread"}
+
+// DraBlockingEffects: device taint effects that keep pods off.
+var DraBlockingEffects = []string{"NoSchedule", "NoExecute"}
 
 // SpotLabels: each cloud's spot label and the one value that marks spot.
 var SpotLabels = [][2]string{

@@ -38,20 +38,24 @@ type Node struct {
 	Shared *sharing.Node
 	// Allocatable CPU (millicores) and memory (MiB); -1: not advertised.
 	CPUMilli, RAMMiB int64
+	// DRA: the GPU facts are a DRA driver's devices (gpuscheduler/dra.go); their
+	// health (device taints) is the driver's word, believed without an agent.
+	DRA bool
 }
 
-// Usable is the GPUs a pod can be given: Allocatable, and on an agent-managed node no
-// more than the agent reads healthy.
+// Usable is the GPUs a pod can be given: Allocatable, and on an agent-managed node (or
+// a DRA node) no more than the agent (or the driver) reads healthy.
 func (n *Node) Usable(managed bool) int64 {
-	if n.Health == nil || !managed {
+	if n.Health == nil || !(managed || n.DRA) {
 		return n.Allocatable
 	}
 	return n.Health.Usable(n.Allocatable)
 }
 
-// Unhealthy lists the sick GPUs in words where they are believed (managed nodes).
+// Unhealthy lists the sick GPUs in words where they are believed (managed nodes, DRA
+// nodes).
 func (n *Node) Unhealthy(managed bool) []string {
-	if n.Health == nil || !managed {
+	if n.Health == nil || !(managed || n.DRA) {
 		return nil
 	}
 	return n.Health.Unhealthy

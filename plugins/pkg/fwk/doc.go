@@ -20,6 +20,7 @@ type (
 	PodInfo              = fw.PodInfo
 	ClusterEvent         = fw.ClusterEvent
 	ClusterEventWithHint = fw.ClusterEventWithHint
+	EventResource        = fw.EventResource
 	QueueingHint         = fw.QueueingHint
 )
 
@@ -44,6 +45,10 @@ const (
 	UpdateNodeAllocatable = fw.UpdateNodeAllocatable
 	UpdateNodeAnnotation  = fw.UpdateNodeAnnotation
 	UpdateNodeTaint       = fw.UpdateNodeTaint
+	Update                = fw.Update
+	ResourceClaim         = fw.ResourceClaim
+	ResourceSlice         = fw.ResourceSlice
+	DeviceClass           = fw.DeviceClass
 )
 
 // NewStatus is the framework's.

@@ -2,7 +2,11 @@
 
 package fwk
 
-import fw "k8s.io/kube-scheduler/framework"
+import (
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	fw "k8s.io/kube-scheduler/framework"
+)
 
 // The types that moved to the staging module in 1.35.
 type (
@@ -29,3 +33,26 @@ type (
 
 // MaxNodeScore is the highest score a Score plugin gives.
 const MaxNodeScore = fw.MaxNodeScore
+
+// SharedDRAManager is kube-scheduler's DRA state: claims with the allocations it has
+// in flight, slices with DeviceTaintRules applied, classes.
+type SharedDRAManager = fw.SharedDRAManager
+
+// The parts of SharedDRAManager.
+type (
+	ResourceClaimTracker = fw.ResourceClaimTracker
+	ResourceSliceLister  = fw.ResourceSliceLister
+	DeviceClassLister    = fw.DeviceClassLister
+	DeviceClassResolver  = fw.DeviceClassResolver
+)
+
+// ExtendedResourceClass is the DeviceClass kube-scheduler allocates an extended
+// resource from (nil: none, or DRAExtendedResource is off): its own resolver, which
+// prefers the newest class and at equal times the name that sorts first.
+func ExtendedResourceClass(m SharedDRAManager, name v1.ResourceName) (*resourceapi.DeviceClass, error) {
+	resolver := m.DeviceClassResolver()
+	if resolver == nil {
+		return nil, nil
+	}
+	return resolver.GetDeviceClass(name), nil
+}

@@ -13,12 +13,18 @@ import (
 
 // EventsToRegister: what may let a pod this plugin refused fit. A node that arrives or
 // whose labels, allocatable or annotations change (the agent's health and the
-// gpus-unhealthy label), and a pod deleted from a node (its GPUs freed).
+// gpus-unhealthy label), a pod deleted from a node (its GPUs freed); and for DRA GPUs,
+// as kube-scheduler's DynamicResources plugin registers them, a ResourceSlice added
+// or changed (devices published, a taint gone, a DeviceTaintRule deleted), a
+// DeviceClass added or changed, and a claim that gave its devices back.
 func (p *GPUScheduler) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
 	return []fwk.ClusterEventWithHint{
 		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeLabel |
 			fwk.UpdateNodeAllocatable | fwk.UpdateNodeAnnotation}, QueueingHintFn: p.nodeChanged},
 		{Event: fwk.ClusterEvent{Resource: fwk.Pod, ActionType: fwk.Delete}, QueueingHintFn: podGone},
+		{Event: fwk.ClusterEvent{Resource: fwk.ResourceSlice, ActionType: fwk.Add | fwk.Update}},
+		{Event: fwk.ClusterEvent{Resource: fwk.DeviceClass, ActionType: fwk.Add | fwk.Update}},
+		{Event: fwk.ClusterEvent{Resource: fwk.ResourceClaim, ActionType: fwk.Update | fwk.Delete}, QueueingHintFn: claimFreed},
 	}, nil
 }
 

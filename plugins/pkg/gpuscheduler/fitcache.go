@@ -3,45 +3,11 @@ package gpuscheduler
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 
 	v1 "k8s.io/api/core/v1"
 
-	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
 )
-
-// infoFacts finds a node's facts by its NodeInfo without a lock (Filter runs on 16
-// goroutines at once, and the facts cache's read lock was the plugins' costliest
-// line there): valid while the NodeInfo holds the same Node object. A preemption
-// what-if's clones come and go; past maxInfoFacts entries the map starts over.
-type infoFacts struct {
-	m      sync.Map // fwk.NodeInfo -> *nodeFacts
-	stored atomic.Int64
-}
-
-type nodeFacts struct {
-	node  *v1.Node
-	facts *facts.Node
-}
-
-const maxInfoFacts = 1 << 16
-
-// factsOf is the node's facts, read through the facts cache on a miss.
-func (p *GPUScheduler) factsOf(info fwk.NodeInfo, node *v1.Node) *facts.Node {
-	if got, ok := p.byInfo.m.Load(info); ok {
-		if e := got.(*nodeFacts); e.node == node {
-			return e.facts
-		}
-	}
-	read := p.nodes.Of(node)
-	if p.byInfo.stored.Add(1) > maxInfoFacts {
-		p.byInfo.m.Clear()
-		p.byInfo.stored.Store(0)
-	}
-	p.byInfo.m.Store(info, &nodeFacts{node, read})
-	return read
-}
 
 // fitCache keeps, per node of kube-scheduler's snapshot, what PreScore reads of it:
 // its Fit and the CPU and memory of its GPU pods, until its NodeInfo changes or an
@@ -56,6 +22,7 @@ type fitCache struct {
 type cachedFit struct {
 	generation int64
 	presence   uint64
+	dra        uint64 // the DRA view's version (dra.go)
 	fit        Fit
 	used       [2]int64
 }
@@ -65,7 +32,7 @@ func newFitCache() *fitCache { return &fitCache{entries: map[fwk.NodeInfo]*cache
 // read hands each node with a Node (name, info, its Fit, its GPU pods' CPU and
 // memory) to each, in the given order.
 func (c *fitCache) read(p *GPUScheduler, nodes []fwk.NodeInfo, each func(string, fwk.NodeInfo, Fit, [2]int64)) {
-	presence := p.heartbeats.Presence()
+	presence, draVersion := p.heartbeats.Presence(), p.draVersion()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// NodeInfos gone from the snapshot (nodes deleted) are dropped all at once, past
@@ -80,8 +47,8 @@ func (c *fitCache) read(p *GPUScheduler, nodes []fwk.NodeInfo, each func(string,
 		}
 		generation := info.GetGeneration()
 		e := c.entries[info]
-		if e == nil || e.generation != generation || e.presence != presence {
-			e = &cachedFit{generation: generation, presence: presence, fit: p.fit(info), used: p.cluster.Used(info)}
+		if e == nil || e.generation != generation || e.presence != presence || e.dra != draVersion {
+			e = &cachedFit{generation: generation, presence: presence, dra: draVersion, fit: p.fit(info), used: p.cluster.Used(info)}
 			c.entries[info] = e
 		}
 		each(node.Name, info, e.fit, e.used)

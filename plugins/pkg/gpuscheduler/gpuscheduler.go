@@ -40,7 +40,7 @@ type GPUScheduler struct {
 	frag     *workload.Fragmentation // the last mix's measure
 	usages   *Usages
 	fits     *fitCache
-	byInfo   infoFacts
+	dra      *draGpus // GPUs from a DRA driver (dra.go); nil: not read
 }
 
 var (
@@ -63,6 +63,7 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 			List: func() ([]fwk.NodeInfo, error) { return handle.SnapshotSharedLister().NodeInfos().List() },
 			Get:  func(name string) (fwk.NodeInfo, error) { return handle.SnapshotSharedLister().NodeInfos().Get(name) },
 		}
+		p.WithDRA(handle.SharedDRAManager())
 	}
 	if args.HeartbeatWindow.Duration > 0 && handle != nil && handle.ClientSet() != nil {
 		p.heartbeats.WatchLeases(handle.ClientSet(), args.Namespace, ctx.Done())
@@ -105,6 +106,8 @@ type state struct {
 	// oldest: renewals before it are silent; zero: heartbeats do not filter now.
 	oldest time.Time
 	now    time.Time
+	// claimed: the pod's shares are what its ResourceClaims ask (claimState).
+	claimed bool
 }
 
 func (s *state) Clone() fwk.StateData { return s }
@@ -120,6 +123,7 @@ func (p *GPUScheduler) PreFilter(ctx context.Context, cs fwk.CycleState, pod *v1
 	if !s.pod.WantsGpus() {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
+	p.dra.refresh(klog.FromContext(ctx))
 	if window := p.args.HeartbeatWindow.Duration; window > 0 {
 		oldest := s.now.Add(-window)
 		if why := p.heartbeats.Guard(oldest); why == "" {
@@ -163,10 +167,11 @@ func (p *GPUScheduler) fit(info fwk.NodeInfo) Fit {
 	node := info.Node()
 	renewed, managed := p.heartbeats.Of(node.Name)
 	used := info.GetRequested().GetScalarResources()[v1.ResourceName(contract.ResourceGpu)]
-	fit := Fit{Node: p.factsOf(info, node), Managed: managed, Renewed: renewed, Used: used}
+	fit := Fit{Node: p.nodes.Of(node), Managed: managed, Renewed: renewed, Used: used}
 	if fit.Node.Shared != nil {
 		fit.Gpus = p.usages.Of(fit.Node.Shared, info)
 	}
+	p.draFit(&fit, node.Name)
 	return fit
 }
 

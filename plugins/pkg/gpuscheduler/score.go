@@ -5,6 +5,7 @@ import (
 	"math"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/apis/config"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
@@ -43,13 +44,16 @@ func ScoresOf(cs fwk.CycleState) *Scored {
 // stretched over them, and for a GPU pod the scarcity and fragmentation scores read
 // the cluster's figures (extender/policies/scarcity.py, fragmentation.py). Every pod
 // that passed PreFilter is scored (a CPU pod prefers nodes without GPUs).
-func (p *GPUScheduler) PreScore(_ context.Context, cs fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
+func (p *GPUScheduler) PreScore(ctx context.Context, cs fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
 	s, err := read(cs)
 	if err != nil {
 		s = p.read(pod)
 		cs.Write(stateKey, s)
 	}
-	out := &Scored{Nodes: make([]string, 0, len(nodes)), Parts: map[string][]float64{}}
+	p.dra.refresh(klog.FromContext(ctx))
+	s = p.claimState(s, pod)
+	out := &Scored{Nodes: make([]string, 0, len(nodes)), infos: make([]fwk.NodeInfo, 0, len(nodes)),
+		Parts: map[string][]float64{}}
 	fits := make([]Fit, 0, len(nodes))
 	used := make([][2]int64, 0, len(nodes))
 	p.fits.read(p, nodes, func(name string, info fwk.NodeInfo, fit Fit, u [2]int64) {
@@ -70,7 +74,7 @@ func (p *GPUScheduler) PreScore(_ context.Context, cs fwk.CycleState, pod *v1.Po
 		if err != nil {
 			return fwk.AsStatus(err)
 		}
-		if weights["scarcity"] > 0 && s.pod.Products == nil {
+		if weights["scarcity"] > 0 && s.pod.Products == nil && !s.claimed {
 			if part := scarcity(figures.Pressure, fits); part != nil {
 				out.Parts["scarcity"] = part
 			}
@@ -143,12 +147,13 @@ func (p *GPUScheduler) fragmentation(pod *v1.Pod, read *facts.Pod, figures workl
 			sharesWeight += class.Weight
 		}
 	}
-	excess := excessMemory(fits)
 	out := make([]float64, len(fits))
 	for i := range fits {
 		out[i] = p.frag.Gain(states[i], read.Gpus, cpu, ram)
-		if sharesWeight != 0 {
-			out[i] -= sharesWeight * float64(read.Gpus) * excess[i]
+	}
+	if sharesWeight != 0 {
+		for i, excess := range excessMemory(fits) {
+			out[i] -= sharesWeight * float64(read.Gpus) * excess
 		}
 	}
 	return out

@@ -1,0 +1,24 @@
+//go:build !k8s1_34
+
+package gpuscheduler
+
+import (
+	"testing"
+
+	"k8s.io/dynamic-resource-allocation/deviceclass/extendedresourcecache"
+	"k8s.io/klog/v2"
+
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
+)
+
+// DeviceClassResolver is upstream's extended-resource cache over the fake's classes.
+func (f *fakeDRA) DeviceClassResolver() fwk.DeviceClassResolver {
+	cache := extendedresourcecache.NewExtendedResourceCache(klog.Background())
+	for _, class := range f.classes {
+		cache.OnAdd(class, true)
+	}
+	return cache
+}
+
+// extendedResources: the resolver answers whatever the gate (1.35+).
+func extendedResources(*testing.T) {}
