@@ -22,6 +22,8 @@ round runs the variants in turn, their order turned by one from the round before
   - plugins:    the plugins path: our kube-scheduler (GPUScheduler, SpotScheduler,
                 AZScheduler compiled in; tools/k8s/build.sh plugins) with
                 deploy/scheduler/plugins/'s profile, no extender;
+  - plugins-none: our kube-scheduler of the plugins path with the profile of
+                ``without``: what the binary alone costs, none of our plugins run;
   - plugins-base: with ``--plugins-base BINARY``, the plugins path with another build
                 of our kube-scheduler (an earlier commit's): before and after in one run;
   - ours-base:  with ``--base-tree DIR`` (a checkout of another commit, e.g. ``git
@@ -84,6 +86,7 @@ VARIANTS = (
     "ours-prio",
     "plugins",
     "plugins-base",
+    "plugins-none",
     "ours-base",
 )
 SIZES = [1, 1, 2, 4, 1, 2, 8, 1]
@@ -129,14 +132,14 @@ def variant_config(variant: str, ours: str, urls: dict[str, str], qps: int) -> d
     """deploy/'s KubeSchedulerConfiguration for one variant, its profile named
     ``bench-<variant>``, the client rate limit raised to ``qps`` (burst the same);
     ``urls``: the extender of a variant that is not served by ours (bare, ours-base)."""
-    if variant.startswith("plugins"):
+    if variant in ("plugins", "plugins-base"):
         cfg = plugins_config(profile=f"bench-{variant}")
     else:
         cfg = scheduler_config(urls.get(variant, ours), profile=f"bench-{variant}")
     if variant == "bare-first":
         for extender in cfg["extenders"]:
             extender["filterVerb"] = "filter-first"
-    if variant == "without":
+    if variant in ("without", "plugins-none"):
         cfg.pop("extenders")
     elif variant == "ours-prio":
         for extender in cfg["extenders"]:
@@ -379,10 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     with bare_stack("e2e-throughput-") as (stack, core):
         cluster, work = stack.cluster, stack.workdir
         # Found once: a checkout edited while the bench runs must not change it.
-        schedulers = {
-            "plugins": plugins_scheduler(cluster.minor) if "plugins" in variants else None,
-            "plugins-base": opts.plugins_base,
-        }
+        ours_built = {"plugins", "plugins-none"} & set(variants)
+        binary = plugins_scheduler(cluster.minor) if ours_built else None
+        schedulers = {"plugins": binary, "plugins-none": binary, "plugins-base": opts.plugins_base}
         started = time.monotonic()
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda i: core.create_node(gpu_node(f"n-{i:05d}")), range(opts.nodes)))

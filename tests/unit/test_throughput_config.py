@@ -38,6 +38,19 @@ def test_each_variant_changes_only_its_part():
     assert "extenders" not in without
     assert without["profiles"][0]["pluginConfig"] == ours["profiles"][0]["pluginConfig"]
 
+    # our binary with the profile of without: the binary's own cost
+    none = variant_config("plugins-none", OURS, URLS, 2000)
+    assert "extenders" not in none
+    assert none["profiles"][0]["pluginConfig"] == without["profiles"][0]["pluginConfig"]
+    assert none["profiles"][0].get("plugins") == without["profiles"][0].get("plugins")
+
+    # the plugins path's profile, for this build and for another (plugins-base)
+    for variant in ("plugins", "plugins-base"):
+        cfg = variant_config(variant, OURS, URLS, 2000)
+        assert "extenders" not in cfg
+        enabled = [p["name"] for p in cfg["profiles"][0]["plugins"]["multiPoint"]["enabled"]]
+        assert "GPUScheduler" in enabled and cfg["profiles"][0]["schedulerName"] == f"bench-{variant}"
+
     # 0: deploy/'s own limit
     assert variant_config("ours", OURS, URLS, 0)["clientConnection"] == {"qps": 300, "burst": 600}
 

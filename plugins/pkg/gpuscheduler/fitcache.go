@@ -13,10 +13,13 @@ import (
 // its Fit and the CPU and memory of its GPU pods, until its NodeInfo changes or an
 // agent's Lease comes or goes. kube-scheduler's batching calls PreScore again over the
 // same 500 nodes for each alike pod, with one node changed; reading them all again
-// cost a tenth of its CPU at 5,000 nodes.
+// cost a tenth of its CPU at 5,000 nodes. Entries are kept by Node object, a pointer
+// (hashing the NodeInfo interface cost twice as much): NodeInfo generations come from
+// one counter for the process, and a clone keeps its original's, so an entry whose
+// generation matches was read from the same pods and the same Node.
 type fitCache struct {
 	mu      sync.Mutex
-	entries map[fwk.NodeInfo]*cachedFit
+	entries map[*v1.Node]*cachedFit
 }
 
 type cachedFit struct {
@@ -27,16 +30,17 @@ type cachedFit struct {
 	used       [2]int64
 }
 
-func newFitCache() *fitCache { return &fitCache{entries: map[fwk.NodeInfo]*cachedFit{}} }
+func newFitCache() *fitCache { return &fitCache{entries: map[*v1.Node]*cachedFit{}} }
 
 // read hands each node with a Node (name, info, its Fit, its GPU pods' CPU and
 // memory) to each, in the given order.
-func (c *fitCache) read(p *GPUScheduler, nodes []fwk.NodeInfo, each func(string, fwk.NodeInfo, Fit, [2]int64)) {
+// The Fit handed over is the cache's: read, never written.
+func (c *fitCache) read(p *GPUScheduler, nodes []fwk.NodeInfo, each func(string, fwk.NodeInfo, *Fit, [2]int64)) {
 	presence, draVersion := p.heartbeats.Presence(), p.draVersion()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	// NodeInfos gone from the snapshot (nodes deleted) are dropped all at once, past
-	// twice the nodes the cluster holds
+	// Node objects gone from the snapshot (nodes changed or deleted) are dropped all
+	// at once, past twice the nodes the cluster holds
 	if len(c.entries) > 2*max(p.cluster.Size(), len(nodes))+1024 {
 		clear(c.entries)
 	}
@@ -46,12 +50,12 @@ func (c *fitCache) read(p *GPUScheduler, nodes []fwk.NodeInfo, each func(string,
 			continue
 		}
 		generation := info.GetGeneration()
-		e := c.entries[info]
+		e := c.entries[node]
 		if e == nil || e.generation != generation || e.presence != presence || e.dra != draVersion {
 			e = &cachedFit{generation: generation, presence: presence, dra: draVersion, fit: p.fit(info), used: p.cluster.Used(info)}
-			c.entries[info] = e
+			c.entries[node] = e
 		}
-		each(node.Name, info, e.fit, e.used)
+		each(node.Name, info, &e.fit, e.used)
 	}
 }
 

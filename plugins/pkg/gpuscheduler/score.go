@@ -54,9 +54,9 @@ func (p *GPUScheduler) PreScore(ctx context.Context, cs fwk.CycleState, pod *v1.
 	s = p.claimState(s, pod)
 	out := &Scored{Nodes: make([]string, 0, len(nodes)), infos: make([]fwk.NodeInfo, 0, len(nodes)),
 		Parts: map[string][]float64{}}
-	fits := make([]Fit, 0, len(nodes))
+	fits := make([]*Fit, 0, len(nodes))
 	used := make([][2]int64, 0, len(nodes))
-	p.fits.read(p, nodes, func(name string, info fwk.NodeInfo, fit Fit, u [2]int64) {
+	p.fits.read(p, nodes, func(name string, info fwk.NodeInfo, fit *Fit, u [2]int64) {
 		out.Nodes = append(out.Nodes, name)
 		out.infos = append(out.infos, info)
 		fits, used = append(fits, fit), append(used, u)
@@ -65,7 +65,7 @@ func (p *GPUScheduler) PreScore(ctx context.Context, cs fwk.CycleState, pod *v1.
 	if weights["gpu"] > 0 {
 		raw := make([]float64, len(fits))
 		for i, fit := range fits {
-			raw[i] = Raw(s.pod, fit, s.spread)
+			raw[i] = Raw(s.pod, *fit, s.spread)
 		}
 		out.Parts["gpu"] = score.Stretch(raw)
 	}
@@ -92,7 +92,7 @@ func (p *GPUScheduler) PreScore(ctx context.Context, cs fwk.CycleState, pod *v1.
 
 // scarcity scores each node (1 - min(1, its model's pressure))^2 on 0..10, absolute: a
 // model the restricted pods need much of is left to them (nil: no pressure anywhere).
-func scarcity(pressure map[string]float64, fits []Fit) []float64 {
+func scarcity(pressure map[string]float64, fits []*Fit) []float64 {
 	top := 0.0
 	for _, value := range pressure {
 		top = max(top, value)
@@ -115,7 +115,7 @@ func scarcity(pressure map[string]float64, fits []Fit) []float64 {
 // fragmentation is each node's fragmentation gain for the pod (nil: the score has
 // nothing to say): on whole GPUs over the workload mix, on partial GPUs over the share
 // mix for a pod asking shares.
-func (p *GPUScheduler) fragmentation(pod *v1.Pod, read *facts.Pod, figures workload.Figures, fits []Fit, used [][2]int64) []float64 {
+func (p *GPUScheduler) fragmentation(pod *v1.Pod, read *facts.Pod, figures workload.Figures, fits []*Fit, used [][2]int64) []float64 {
 	cpu, ram := workload.Requests(pod)
 	states := make([]workload.State, len(fits))
 	for i, fit := range fits {
@@ -162,7 +162,7 @@ func (p *GPUScheduler) fragmentation(pod *v1.Pod, read *facts.Pod, figures workl
 // excessMemory is how far each node's GPU memory exceeds the median of the sharing
 // nodes', in GPUs of that median (0 on a node that does not share): a whole-GPU pod
 // pays for taking memory shares could have used.
-func excessMemory(fits []Fit) []float64 {
+func excessMemory(fits []*Fit) []float64 {
 	memory := make([]float64, len(fits))
 	var sharing []float64
 	for i, fit := range fits {
@@ -184,7 +184,7 @@ func excessMemory(fits []Fit) []float64 {
 
 // shareGains is each node's gain in the partial-GPU measure once the pod's shares are
 // placed by the fit rule (where it finds no room: below every node where it does).
-func shareGains(read *facts.Pod, mix []workload.ShareClass, fits []Fit, states []workload.State, cpu, ram int64) []float64 {
+func shareGains(read *facts.Pod, mix []workload.ShareClass, fits []*Fit, states []workload.State, cpu, ram int64) []float64 {
 	var capacities []float64
 	for _, fit := range fits {
 		for _, g := range fit.Gpus {

@@ -40,42 +40,67 @@ func Requests(pod *v1.Pod) (int64, int64) {
 
 // Read is a node's Placed, from its facts and its pods.
 func Read(node *facts.Node, pods []fwk.PodInfo) *Placed {
+	return place(node, pods, ReadPod)
+}
+
+// PodRead is what the figures take of one pod: its GPUs and shares, the CPU and memory
+// beside them, the products it is restricted to, its shape.
+type PodRead struct {
+	Gpus     int64
+	Shares   []int64
+	CPUMilli int64
+	RAMMiB   int64
+	Products []string
+	Grid     Shape // its shape without products (the share mix's grid)
+	Shape    Shape
+}
+
+// ReadPod reads a pod for the figures (nil: it asks no GPU).
+func ReadPod(pod *v1.Pod) *PodRead {
+	gpus := facts.GpuRequest(pod)
+	shares, _ := facts.PodShares(pod)
+	if gpus <= 0 && len(shares) == 0 {
+		return nil
+	}
+	cpu, ram := Requests(pod)
+	restricted, _ := facts.Products(pod.Annotations) // unreadable: not restricted
+	products := facts.SortedProducts(restricted)
+	return &PodRead{Gpus: gpus, Shares: shares, CPUMilli: cpu, RAMMiB: ram, Products: products,
+		Grid: ShapeOf(gpus, cpu, ram, nil), Shape: ShapeOf(gpus, cpu, ram, products)}
+}
+
+// place adds up a node's pods as read.
+func place(node *facts.Node, pods []fwk.PodInfo, read func(*v1.Pod) *PodRead) *Placed {
 	out := &Placed{Model: node.Model, Allocated: node.Allocatable}
 	units := sharing.Units(node.MemoryMiB, 0)
 	for _, info := range pods {
-		pod := info.GetPod()
-		gpus := facts.GpuRequest(pod)
-		shares, _ := facts.PodShares(pod)
-		if gpus <= 0 && len(shares) == 0 {
+		pod := read(info.GetPod())
+		if pod == nil {
 			continue
 		}
-		cpu, ram := Requests(pod)
-		out.CPUMilli += cpu
-		out.RAMMiB += ram
-		restricted, _ := facts.Products(pod.Annotations) // unreadable: not restricted
-		products := facts.SortedProducts(restricted)
-		grid := ShapeOf(gpus, cpu, ram, nil)
-		for _, share := range shares {
-			out.Classes = append(out.Classes, ClassKey{"share", share, grid.CPUMilli, grid.RAMMiB})
+		out.CPUMilli += pod.CPUMilli
+		out.RAMMiB += pod.RAMMiB
+		for _, share := range pod.Shares {
+			out.Classes = append(out.Classes, ClassKey{"share", share, pod.Grid.CPUMilli, pod.Grid.RAMMiB})
 		}
-		demand := float64(gpus)
-		for _, share := range shares {
+		demand := float64(pod.Gpus)
+		for _, share := range pod.Shares {
 			if units > 0 {
 				demand += min(1, float64(share)/float64(units))
 			} else {
 				demand++
 			}
 		}
-		if gpus > 0 {
-			out.Shapes = append(out.Shapes, ShapeOf(gpus, cpu, ram, products))
-			out.Classes = append(out.Classes, ClassKey{"whole", gpus, grid.CPUMilli, grid.RAMMiB})
+		if pod.Gpus > 0 {
+			out.Shapes = append(out.Shapes, pod.Shape)
+			out.Classes = append(out.Classes, ClassKey{"whole", pod.Gpus, pod.Grid.CPUMilli, pod.Grid.RAMMiB})
 		}
 		out.DemandTotal += demand
-		for _, product := range products {
+		for _, product := range pod.Products {
 			if out.Demand == nil {
 				out.Demand = map[string]float64{}
 			}
-			out.Demand[product] += demand / float64(len(products))
+			out.Demand[product] += demand / float64(len(pod.Products))
 		}
 	}
 	return out
@@ -109,7 +134,14 @@ type Cluster struct {
 	classes  map[ClassKey]int64
 	shareMix []ShareClass
 	dirty    bool
+	// pods: each pod object's read, by pointer (kube-scheduler's objects are never
+	// changed; an update is a new object). A node placed on is read again at the next
+	// cycle, and its pods with it; past maxPods the memo starts over.
+	pods map[*v1.Pod]*PodRead
 }
+
+// maxPods bounds the pods read kept (a few hundred bytes each).
+const maxPods = 1 << 17
 
 // NewCluster keeps figures over nodes read by read (facts.Nodes.Of).
 func NewCluster(read func(*v1.Node) *facts.Node) *Cluster {
@@ -247,9 +279,22 @@ func (c *Cluster) read(s *seen, info fwk.NodeInfo) {
 	if generation := info.GetGeneration(); generation != s.generation {
 		s.generation = generation
 		old := s.placed
-		s.placed = Read(c.readNode(info.Node()), info.GetPods())
+		s.placed = place(c.readNode(info.Node()), info.GetPods(), c.readPod)
 		c.swap(old, s.placed)
 	}
+}
+
+// readPod is a pod's read, from the memo (lock held).
+func (c *Cluster) readPod(pod *v1.Pod) *PodRead {
+	if read, ok := c.pods[pod]; ok {
+		return read
+	}
+	if len(c.pods) >= maxPods || c.pods == nil {
+		c.pods = make(map[*v1.Pod]*PodRead, 1024)
+	}
+	read := ReadPod(pod)
+	c.pods[pod] = read
+	return read
 }
 
 // refresh reads one node again where it changed (lock held).

@@ -2,7 +2,15 @@ package workload
 
 import (
 	"math"
+	"reflect"
 	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
 )
 
 func TestShapeOfRoundsUpOnTheExtendersGrid(t *testing.T) {
@@ -110,5 +118,35 @@ func TestPressure(t *testing.T) {
 	}
 	if Pressure(nil, 0, map[string]int64{"T4": 1}) != nil {
 		t.Error("pressure without demand")
+	}
+}
+
+// The cluster reads each pod object once: a node read again (a pod placed beside the
+// others) reuses what its pods gave, and an updated pod (a new object) is read anew.
+func TestClusterReadsEachPodObjectOnce(t *testing.T) {
+	gpuPod := func(gpus string) *v1.Pod {
+		q := resource.MustParse(gpus)
+		return &v1.Pod{Spec: v1.PodSpec{Containers: []v1.Container{{Resources: v1.ResourceRequirements{
+			Requests: v1.ResourceList{v1.ResourceName(contract.ResourceGpu): q, v1.ResourceCPU: resource.MustParse("2")},
+			Limits:   v1.ResourceList{v1.ResourceName(contract.ResourceGpu): q}}}}}}
+	}
+	c := NewCluster(facts.ReadNode)
+	first, cpuOnly := gpuPod("2"), &v1.Pod{}
+	read := c.readPod(first)
+	if read == nil || read.Gpus != 2 || read.CPUMilli != 2000 || c.readPod(first) != read {
+		t.Fatalf("a pod's read: %+v, and again %p", read, c.readPod(first))
+	}
+	if c.readPod(cpuOnly) != nil {
+		t.Fatal("a pod without GPUs is read as one")
+	}
+	updated := gpuPod("4")
+	if got := c.readPod(updated); got == read || got.Gpus != 4 {
+		t.Fatalf("a new object of the pod: %+v", got)
+	}
+	node := facts.ReadNode(&v1.Node{Status: v1.NodeStatus{Allocatable: v1.ResourceList{
+		v1.ResourceName(contract.ResourceGpu): resource.MustParse("8")}}})
+	info := framework.NewNodeInfo(first, cpuOnly, updated)
+	if got, want := place(node, info.GetPods(), c.readPod), Read(node, info.GetPods()); !reflect.DeepEqual(got, want) {
+		t.Fatalf("read through the memo %+v, directly %+v", got, want)
 	}
 }
