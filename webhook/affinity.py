@@ -24,16 +24,28 @@ Each constraint is a list of alternatives (OR), each a list of expressions (AND)
 * ``spot: forbid`` -> ``NotIn`` on every cloud's spot label; ``spot: require`` -> one
   alternative per cloud's spot label.
 
+``gpu-products`` and ``min-gpu-memory`` have one more alternative unless the
+configuration says ``unlabelledNodes: refuse``: a node that carries none of the label
+map's GPU labels (``DoesNotExist`` on the product label and on every memory label),
+left to the scheduler's GPU rule. Such a node is a DRA node (its GPUs are devices of
+ResourceSlices, judged by the extender and the plugins from their attributes) or a
+node without GPUs (kube-scheduler's own filters refuse it a GPU pod); a node with any
+of the labels must match them. Spot labels are not GPU labels: the spot constraints
+have no such alternative.
+
 Merging keeps the user's terms: every constraint a term does not already carry is
 AND-ed into it, one term per alternative (the cross product, since the terms are
 OR-ed). A term that already carries an alternative of a constraint is left as is,
 so mutating the mutated pod changes nothing. An empty term matches nothing and stays
-so. Beyond :data:`MAX_TERMS` terms the pod is refused with what to change.
+so. A term the cross product makes self-contradictory (``DoesNotExist`` beside an
+expression that needs the same label: the unlabelled alternative of one constraint
+with a labelled one of another) matches no node and is left out, unless all of a
+term's are; an expression the term already has is not repeated. Beyond
+:data:`MAX_TERMS` terms the pod is refused with what to change.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -45,10 +57,14 @@ from gpu_scheduler.fields import FieldError, expect_object, list_at, object_at, 
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 #: The most nodeSelectorTerms a mutated pod may carry. The product of the pod's own
-#: terms and a constraint's alternatives (5 for ``spot: require``, 2 for
-#: ``min-gpu-memory`` with GFD's legacy label) stays far below what the API server or
-#: kube-scheduler would mind; beyond it the pod is refused, never half-written.
+#: terms and the constraints' alternatives (5 for ``spot: require``; 3 for
+#: ``min-gpu-memory`` with GFD's legacy label and unlabelled nodes, 3 as well with
+#: ``gpu-products`` beside it, whose unlabelled alternative it shares) stays far below
+#: what the API server or kube-scheduler would mind; beyond it the pod is refused,
+#: never half-written.
 MAX_TERMS = 64
+#: The operators that need the label on the node (``NotIn`` matches a node without it).
+_NEEDS_LABEL = frozenset({"In", "Exists", "Gt", "Lt"})
 
 Expr = dict[str, Any]
 Alternative = tuple[Expr, ...]
@@ -94,10 +110,13 @@ def _expr(key: str, operator: str, values: Sequence[str] = ()) -> Expr:
 
 @lru_cache(maxsize=1024)
 def constraints(
-    hard: HardConstraints, labels: LabelMap
+    hard: HardConstraints, labels: LabelMap, unlabelled: bool = True
 ) -> tuple[tuple[Constraint, ...], tuple[str, ...]]:
     """The constraints a pod's annotations ask for, and why any could not be written
-    (cached: pods of one workload ask the same; the results are never changed)."""
+    (cached: pods of one workload ask the same; the results are never changed).
+    ``unlabelled``: a node without the map's GPU labels passes the GPU constraints
+    (left to the scheduler's GPU rule); False: only labelled nodes do."""
+    bare: tuple[Alternative, ...] = (_unlabelled(labels),) if unlabelled else ()
     out: list[Constraint] = []
     skipped: list[str] = []
     products = _product_values(hard.products, labels) if hard.products else None
@@ -118,7 +137,8 @@ def constraints(
             products = None
     if products is not None:
         name = contract.ANN_GPU_PRODUCTS if hard.products else contract.ANN_MIN_GPU_MEMORY
-        out.append(Constraint(name, ((_expr(labels.product_key, "In", sorted(products)),),)))
+        product = (_expr(labels.product_key, "In", sorted(products)),)
+        out.append(Constraint(name, (product, *bare)))
     if memory is not None:
         threshold = [str(memory - 1)]
         first, *fallbacks = labels.memory_keys
@@ -127,7 +147,7 @@ def constraints(
         for key in fallbacks:
             alternatives.append((*absent, _expr(key, "Gt", threshold)))
             absent.append(_expr(key, "DoesNotExist"))
-        out.append(Constraint(contract.ANN_MIN_GPU_MEMORY, tuple(alternatives)))
+        out.append(Constraint(contract.ANN_MIN_GPU_MEMORY, (*alternatives, *bare)))
     if hard.spot_rule == "forbid":
         spot = tuple(_expr(key, "NotIn", [value]) for key, value in contract.SPOT_LABELS)
         out.append(Constraint(f"{contract.ANN_SPOT}=forbid", (spot,)))
@@ -135,6 +155,11 @@ def constraints(
         spot_terms = tuple((_expr(key, "In", [value]),) for key, value in contract.SPOT_LABELS)
         out.append(Constraint(f"{contract.ANN_SPOT}=require", spot_terms))
     return tuple(out), tuple(skipped)
+
+
+def _unlabelled(labels: LabelMap) -> Alternative:
+    """A node with none of the map's GPU labels: no product label, no memory label."""
+    return tuple(_expr(key, "DoesNotExist") for key in (labels.product_key, *labels.memory_keys))
 
 
 def _known(product: str, labels: LabelMap) -> bool:
@@ -187,7 +212,7 @@ def merge(spec: Mapping[str, Any], wanted: Sequence[Constraint]) -> Merged:
             if any(all(_key(e) in have for e in alt) for alt in constraint.alternatives):
                 continue
             written.add(constraint.name)
-            expanded = [_with(t, alt) for t in expanded for alt in constraint.alternatives]
+            expanded = _expand(expanded, constraint.alternatives)
             if len(out) + len(expanded) > MAX_TERMS:  # stop early: the work stays bounded
                 return Merged(None, refused=_too_many(own, wanted))
         out.extend(expanded)
@@ -201,35 +226,69 @@ def merge(spec: Mapping[str, Any], wanted: Sequence[Constraint]) -> Merged:
 def _ours_alone(wanted: Sequence[Constraint]) -> Merged:
     if not wanted:
         return Merged(None)
-    count = 1
-    for constraint in wanted:
-        count *= len(constraint.alternatives)
-    if count > MAX_TERMS:
+    terms = _product(wanted)
+    if len(terms) > MAX_TERMS:
         return Merged(None, refused=_too_many(None, wanted))
-    terms = [
-        _with({}, tuple(e for alternative in choice for e in alternative))
-        for choice in itertools.product(*(c.alternatives for c in wanted))
-    ]
     return Merged(terms, tuple(sorted({c.name for c in wanted})))
 
 
-def _too_many(own: list[dict[str, Any]] | None, wanted: Sequence[Constraint]) -> str:
-    factors = " x ".join(
-        f"{len(c.alternatives)} ({c.name})" for c in wanted if len(c.alternatives) > 1
+def _product(wanted: Sequence[Constraint]) -> list[dict[str, Any]]:
+    """The constraints' own terms: the cross product of their alternatives, less the
+    self-contradictory ones. Its size is fixed by the label map (at most 3 x 5)."""
+    terms: list[dict[str, Any]] = [{}]
+    for constraint in wanted:
+        terms = _expand(terms, constraint.alternatives)
+    return terms
+
+
+def _expand(
+    terms: Sequence[Mapping[str, Any]], alternatives: Sequence[Alternative]
+) -> list[dict[str, Any]]:
+    """Each term AND-ed with each alternative, in order; the results no node can match
+    are left out unless all of a term's are (then its first stays: it matched no node
+    with this constraint before either, and a pod must keep a term)."""
+    out: list[dict[str, Any]] = []
+    for term in terms:
+        grown = [_with(term, alt) for alt in alternatives]
+        live = [t for t in grown if not _contradictory(t["matchExpressions"])]
+        out.extend(live or grown[:1])
+    return out
+
+
+def _contradictory(exprs: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the expressions, AND-ed, match no node: a key both ``DoesNotExist`` and
+    needed (``In``, ``Exists``, ``Gt``, ``Lt``)."""
+    absent = {e.get("key") for e in exprs if e.get("operator") == "DoesNotExist"}
+    return bool(absent) and any(
+        e.get("operator") in _NEEDS_LABEL and e.get("key") in absent for e in exprs
     )
+
+
+def _too_many(own: list[dict[str, Any]] | None, wanted: Sequence[Constraint]) -> str:
+    # The annotations without their prefix: the message must fit the warning's limit.
+    several = [c.name.removeprefix(contract.PREFIX) for c in wanted if len(c.alternatives) > 1]
+    ours = f"{len(_product(wanted))} ({', '.join(several)})" if several else "1"
+    require = f"{contract.ANN_SPOT.removeprefix(contract.PREFIX)}=require" in several
+    advice = f", or {contract.ANN_SPOT}: prefer instead of require" if require else ""
     return (
         f"the pod's required node affinity would need more than {MAX_TERMS} "
-        f"nodeSelectorTerms: its own {len(own or ())} x {factors or '1'}. Use fewer "
-        f"nodeSelectorTerms, or {contract.ANN_SPOT}: prefer instead of require"
+        f"nodeSelectorTerms: its own {len(own or ())} x {ours}. Use fewer "
+        f"nodeSelectorTerms{advice}"
     )
 
 
 def _with(term: Mapping[str, Any], alternative: Alternative) -> dict[str, Any]:
-    """``term`` with ``alternative`` AND-ed in; the expressions are copies (the cached
-    constraints are shared by every request)."""
+    """``term`` with ``alternative`` AND-ed in, but for the expressions it already has;
+    the expressions are copies (the cached constraints are shared by every request)."""
     out = dict(term)
-    ours = [{**e, "values": list(e["values"])} if "values" in e else dict(e) for e in alternative]
-    out["matchExpressions"] = [*(term.get("matchExpressions") or ()), *ours]
+    have = [*(term.get("matchExpressions") or ())]
+    seen = {_key(e) for e in have}
+    ours = [
+        {**e, "values": list(e["values"])} if "values" in e else dict(e)
+        for e in alternative
+        if _key(e) not in seen
+    ]
+    out["matchExpressions"] = [*have, *ours]
     return out
 
 

@@ -9,7 +9,13 @@ nodeAffinity:                     # hard GPU constraints as required node affini
   enabled: true                   # false: annotations only (the extender alone enforces)
   platform: gfd                   # gfd | gke | karpenter-aws: where nodes say their GPU
   productValues: {}               # gke/karpenter-aws: GFD product -> [label values]
+  unlabelledNodes: allow          # allow | refuse: a node without the map's GPU labels
 ```
+
+``nodeAffinity.unlabelledNodes``: ``allow`` (the default) lets a node that carries none
+of the label map's GPU labels through the written affinity, to the scheduler's GPU
+rule (a DRA node: its GPUs are judged from their ResourceSlice devices); ``refuse``
+writes the strict form, which such a node never matches (only labelled nodes).
 
 Extra tolerations are validated as the API server validates a pod's tolerations: a
 toleration that the API server would refuse would make every GPU pod fail creation.
@@ -40,7 +46,8 @@ OPERATORS = ("Exists", "Equal")
 MIN_BODY_BYTES = 64 << 10
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _KEYS = {"schedulerName", "extraTolerations", "maxBodyBytes", "nodeAffinity"}
-_AFFINITY_KEYS = {"enabled", "platform", "productValues"}
+_AFFINITY_KEYS = {"enabled", "platform", "productValues", "unlabelledNodes"}
+UNLABELLED_NODES = ("allow", "refuse")
 
 Toleration = Mapping[str, Any]
 
@@ -57,6 +64,7 @@ class WebhookConfig:
     node_affinity: bool = True
     platform: str = "gfd"
     product_values: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    unlabelled_nodes: str = "allow"
 
     def __post_init__(self) -> None:
         name = self.scheduler_name
@@ -72,6 +80,11 @@ class WebhookConfig:
             raise ConfigError(f"maxBodyBytes must be an integer >= {MIN_BODY_BYTES}")
         if not isinstance(self.node_affinity, bool):
             raise ConfigError("nodeAffinity.enabled must be true or false")
+        if self.unlabelled_nodes not in UNLABELLED_NODES:
+            raise ConfigError(
+                f"nodeAffinity.unlabelledNodes must be one of {UNLABELLED_NODES}, "
+                f"got {self.unlabelled_nodes!r}"
+            )
         for product, values in self.product_values.items():
             if not values or not all(isinstance(v, str) and is_label_value(v) for v in values):
                 raise ConfigError(
@@ -86,6 +99,11 @@ class WebhookConfig:
     def labels(self) -> LabelMap:
         """Where nodes say their GPU model and memory, for the node affinity written."""
         return label_map(self.platform, {k: tuple(v) for k, v in self.product_values.items()})
+
+    @property
+    def allow_unlabelled(self) -> bool:
+        """Whether the affinity lets a node without the map's GPU labels through."""
+        return self.unlabelled_nodes == "allow"
 
     @property
     def tolerations(self) -> tuple[Toleration, ...]:
@@ -147,6 +165,7 @@ def config_from_mapping(data: Mapping[str, Any] | None) -> WebhookConfig:
         if not isinstance(values, Mapping) or not all(isinstance(v, list) for v in values.values()):
             raise ConfigError("nodeAffinity.productValues must map products to lists")
         kwargs["product_values"] = {str(k): tuple(v) for k, v in values.items()}
+        kwargs["unlabelled_nodes"] = affinity.get("unlabelledNodes", "allow")
     return WebhookConfig(**kwargs)
 
 

@@ -277,7 +277,7 @@ def _node_affinity(
         return []
     if not hard.any:
         return []
-    wanted, skipped = affinity.constraints(hard, cfg.labels)
+    wanted, skipped = affinity.constraints(hard, cfg.labels, cfg.allow_unlabelled)
     warnings += [
         clip_text(f"{WARNING_PREFIX}not written as node affinity: {s}", MAX_WARNING)
         for s in skipped

@@ -18,7 +18,9 @@ scenarios run here unchanged:
 - shares of a GPU: best fit GPU by GPU and the largest free piece in the reason; a
   share that preempts the whole-GPU pod holding its GPU (which the extender path
   cannot: tests/e2e/test_shares.py);
-- DRA GPUs: a tainted device not offered (tests/e2e/test_gpu_stack.py);
+- DRA GPUs: DRA and device-plugin nodes in one cluster, by product, memory and
+  binpack, through the webhook's node affinity; a tainted device not offered
+  (tests/e2e/test_gpu_stack.py);
 
 on the newest minor and on the oldest (its plugins built with pkg/fwk's 1.34 tag).
 """
@@ -42,7 +44,7 @@ from tests.e2e import test_preemption as preemption
 from tests.e2e import test_preemption_state as preemption_state
 from tests.e2e import test_shares as shares
 from tests.e2e.kube import core, ensure_namespace, unique, wait_bound, wait_event
-from tests.e2e.scenarios import create_gpu_device_class, gpu_node, place
+from tests.e2e.scenarios import gpu_node, place
 from tests.e2e.test_versions import oldest_binary
 from tests.helpers import required
 
@@ -195,6 +197,18 @@ def test_kueue_admits_one_job_whole_and_the_other_after_it(plugins, tmp_path):
         kueue.stop()
 
 
-def test_a_tainted_dra_device_is_not_offered(plugins):
-    create_gpu_device_class(plugins)
+@pytest.fixture(scope="module")
+def dra_nodes(plugins):
+    return gpu_stack.make_dra_nodes(plugins)
+
+
+def test_dra_and_device_plugin_nodes_in_one_cluster(plugins, dra_nodes):
+    """Through the webhook, whose node affinity leaves nodes without GPU labels (the
+    DRA nodes) to the plugins: product and memory are judged from the devices."""
+    gpu_stack.dra_and_device_plugin_nodes(
+        plugins, dra_nodes, lambda gpus, **kw: place(plugins, "dra", gpus, **kw)
+    )
+
+
+def test_a_tainted_dra_device_is_not_offered(plugins, dra_nodes):
     gpu_stack.tainted_device_not_offered(plugins, lambda gpus: place(plugins, "dra-sick", gpus))

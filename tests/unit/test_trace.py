@@ -68,7 +68,8 @@ def test_model_constraint_as_the_webhook_admits_it_for_us_and_affinity_for_the_o
     t = task(gpus=2, models=("V100M16", "V100M32"))
     ours = pod_manifest(t, "trace-gpu-scheduler", ours=True)
     # Ours: the annotation, and the affinity our webhook writes from it (each product
-    # and its -SHARED name), as in a cluster where the webhook admits the pod.
+    # and its -SHARED name, or no GPU label at all: left to the scheduler's GPU rule),
+    # as in a cluster where the webhook admits the pod.
     assert ours["metadata"]["annotations"][contract.ANN_GPU_PRODUCTS] == "V100M16,V100M32"
     assert _product_term(ours) == [
         {
@@ -79,7 +80,17 @@ def test_model_constraint_as_the_webhook_admits_it_for_us_and_affinity_for_the_o
                     "values": ["V100M16", "V100M16-SHARED", "V100M32", "V100M32-SHARED"],
                 }
             ]
-        }
+        },
+        {
+            "matchExpressions": [
+                {"key": key, "operator": "DoesNotExist"}
+                for key in (
+                    contract.LABEL_GPU_PRODUCT,
+                    contract.LABEL_GPU_MEMORY,
+                    contract.LABEL_GPU_MEMORY_LEGACY,
+                )
+            ]
+        },
     ]
     assert ours["spec"]["schedulerName"] == "trace-gpu-scheduler"
     assert ours["spec"]["tolerations"] == [dict(contract.GPU_TOLERATION)]  # not added twice

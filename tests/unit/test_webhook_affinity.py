@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import copy
 import time
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,11 +25,16 @@ from gpu_scheduler import contract
 from tests.factories import make_node, make_pod
 from tests.nodeaffinity import required_node_affinity_matches
 from webhook import mutate
-from webhook.config import ConfigError, WebhookConfig, config_from_mapping
+from webhook.affinity import MAX_TERMS
+from webhook.config import ConfigError, WebhookConfig, config_from_mapping, load_config
 
 CFG = WebhookConfig()
+STRICT = WebhookConfig(unlabelled_nodes="refuse")
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 ZONE = "topology.kubernetes.io/zone"
+GFD_KEYS = (contract.LABEL_GPU_PRODUCT, contract.LABEL_GPU_MEMORY, contract.LABEL_GPU_MEMORY_LEGACY)
+#: The alternative for a node with none of GFD's GPU labels (a DRA node).
+UNLABELLED = {"matchExpressions": [{"key": k, "operator": "DoesNotExist"} for k in GFD_KEYS]}
 
 
 def mutated(pod: dict[str, Any], cfg: WebhookConfig = CFG) -> dict[str, Any]:
@@ -64,7 +71,8 @@ def test_products_become_in_with_their_shared_names():
                     ],
                 }
             ]
-        }
+        },
+        UNLABELLED,
     ]
 
 
@@ -82,6 +90,7 @@ def test_min_memory_is_gt_mib_minus_one_with_the_legacy_label_where_it_is_absent
                 {"key": "gpu.nvidia.com/memory", "operator": "Gt", "values": ["76292"]},
             ]
         },
+        UNLABELLED,
     ]
 
 
@@ -154,13 +163,18 @@ def test_users_terms_are_kept_and_each_gets_every_constraint():
         gpu_pod({contract.ANN_SPOT: "require", contract.ANN_GPU_PRODUCTS: "NVIDIA-L4"}, own)
     )
     out = terms(pod)
-    assert len(out) == 2 * 5
+    assert len(out) == 2 * 2 * 5  # own x (the product or no GPU label) x spot
     for term in out:
         zone = term["matchExpressions"][0]
         assert zone in (own[0]["matchExpressions"][0], own[1]["matchExpressions"][0])
         assert term["matchExpressions"][1]["key"] == "nvidia.com/gpu.product"
         if zone["values"] == ["b"]:
             assert term["matchFields"] == own[1]["matchFields"]
+    strict = mutated(
+        gpu_pod({contract.ANN_SPOT: "require", contract.ANN_GPU_PRODUCTS: "NVIDIA-L4"}, own),
+        STRICT,
+    )
+    assert len(terms(strict)) == 2 * 5
 
 
 def test_mutating_the_mutated_pod_changes_nothing():
@@ -259,6 +273,206 @@ def test_decided_pods_and_the_off_switch_get_no_affinity():
     assert "nodeAffinity" not in mutate.decide(gpu_pod({contract.ANN_SPOT: "forbid"}), off).changes
 
 
+# --- nodes without GPU labels (DRA) ------------------------------------------------------
+DRA_NODE = make_node("dra", 0, extra_labels={ZONE: "a"})  # GPUs in ResourceSlices only
+BOTH = {
+    contract.ANN_GPU_PRODUCTS: "NVIDIA-H100-80GB-HBM3",
+    contract.ANN_MIN_GPU_MEMORY: "40Gi",
+}
+
+
+def gfd_node(name: str, **labels: str) -> dict[str, Any]:
+    return make_node(name, 8, extra_labels={ZONE: "a", **labels})
+
+
+H100 = {contract.LABEL_GPU_PRODUCT: "NVIDIA-H100-80GB-HBM3", contract.LABEL_GPU_MEMORY: "81559"}
+#: Labelled nodes each constraint refuses: any one GPU label makes a node labelled.
+WRONG_PRODUCT = [
+    gfd_node("l4", **{contract.LABEL_GPU_PRODUCT: "NVIDIA-L4", contract.LABEL_GPU_MEMORY: "81559"}),
+    gfd_node("memory-only", **{contract.LABEL_GPU_MEMORY: "81559"}),
+    gfd_node("legacy-only", **{contract.LABEL_GPU_MEMORY_LEGACY: "81559"}),
+]
+TOO_LITTLE_MEMORY = [
+    gfd_node("small", **{**H100, contract.LABEL_GPU_MEMORY: "23034"}),
+    gfd_node("small-legacy", **{contract.LABEL_GPU_MEMORY_LEGACY: "23034"}),
+    gfd_node("product-only", **{contract.LABEL_GPU_PRODUCT: "NVIDIA-H100-80GB-HBM3"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("annotations", "refused"),
+    [
+        ({contract.ANN_GPU_PRODUCTS: "NVIDIA-H100-80GB-HBM3"}, WRONG_PRODUCT),
+        ({contract.ANN_MIN_GPU_MEMORY: "40Gi"}, TOO_LITTLE_MEMORY),
+        (BOTH, WRONG_PRODUCT + TOO_LITTLE_MEMORY),
+        ({**BOTH, contract.ANN_SPOT: "forbid"}, WRONG_PRODUCT + TOO_LITTLE_MEMORY),
+    ],
+)
+def test_a_node_without_gpu_labels_is_left_to_the_scheduler_a_labelled_one_must_match(
+    annotations, refused
+):
+    pod = mutated(gpu_pod(annotations))
+    assert any(  # one term says: none of the GPU labels
+        [e for e in t["matchExpressions"] if e["key"] in GFD_KEYS] == UNLABELLED["matchExpressions"]
+        for t in terms(pod)
+    )
+    assert required_node_affinity_matches(pod, DRA_NODE)
+    assert required_node_affinity_matches(pod, gfd_node("h100", **H100))
+    for node in refused:
+        assert not required_node_affinity_matches(pod, node), node["metadata"]["name"]
+    # The strict form: only labelled nodes.
+    strict = mutated(gpu_pod(annotations), STRICT)
+    assert not any(
+        e["operator"] == "DoesNotExist" and e["key"] == contract.LABEL_GPU_PRODUCT
+        for t in terms(strict)
+        for e in t["matchExpressions"]
+    )
+    assert not required_node_affinity_matches(strict, DRA_NODE)
+    assert required_node_affinity_matches(strict, gfd_node("h100", **H100))
+    for node in refused:
+        assert not required_node_affinity_matches(strict, node), node["metadata"]["name"]
+
+
+def test_spot_labels_are_not_gpu_labels():
+    forbid = terms(mutated(gpu_pod({contract.ANN_SPOT: "forbid"})))
+    require = terms(mutated(gpu_pod({contract.ANN_SPOT: "require"})))
+    assert len(forbid) == 1 and len(require) == 5
+    for term in forbid + require:
+        assert not any(e["operator"] == "DoesNotExist" for e in term["matchExpressions"])
+    # An unlabelled node still answers to the spot constraints.
+    pod = mutated(gpu_pod({**BOTH, contract.ANN_SPOT: "forbid"}))
+    spot = make_node("dra-spot", 0, extra_labels={"karpenter.sh/capacity-type": "spot"})
+    assert not required_node_affinity_matches(pod, spot)
+    pod = mutated(gpu_pod({**BOTH, contract.ANN_SPOT: "require"}))
+    assert required_node_affinity_matches(pod, spot)
+    assert not required_node_affinity_matches(pod, DRA_NODE)
+
+
+def test_products_and_memory_share_the_unlabelled_term():
+    """The cross product would AND a labelled alternative of one with the unlabelled
+    one of the other: such a term matches no node and is not written."""
+    assert terms(mutated(gpu_pod(BOTH))) == [
+        {
+            "matchExpressions": [
+                {
+                    "key": contract.LABEL_GPU_PRODUCT,
+                    "operator": "In",
+                    "values": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-SHARED"],
+                },
+                {"key": contract.LABEL_GPU_MEMORY, "operator": "Gt", "values": ["40959"]},
+            ]
+        },
+        {
+            "matchExpressions": [
+                {
+                    "key": contract.LABEL_GPU_PRODUCT,
+                    "operator": "In",
+                    "values": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-SHARED"],
+                },
+                {"key": contract.LABEL_GPU_MEMORY, "operator": "DoesNotExist"},
+                {"key": contract.LABEL_GPU_MEMORY_LEGACY, "operator": "Gt", "values": ["40959"]},
+            ]
+        },
+        UNLABELLED,  # once, not its expressions twice
+    ]
+    assert len(terms(mutated(gpu_pod(BOTH), STRICT))) == 2
+
+
+@pytest.mark.parametrize(
+    ("annotations", "count", "strict"),
+    [
+        ({contract.ANN_GPU_PRODUCTS: "NVIDIA-L4"}, 2, 1),
+        ({contract.ANN_MIN_GPU_MEMORY: "40Gi"}, 3, 2),
+        (BOTH, 3, 2),
+        ({**BOTH, contract.ANN_SPOT: "forbid"}, 3, 2),
+        ({**BOTH, contract.ANN_SPOT: "require"}, 15, 10),
+    ],
+)
+def test_term_counts_of_the_usual_cases(annotations, count, strict):
+    assert len(terms(mutated(gpu_pod(annotations)))) == count
+    assert len(terms(mutated(gpu_pod(annotations), STRICT))) == strict
+    # With the pod's own terms: each gets them all, within the cap up to 64 // count.
+    own = [
+        {"matchExpressions": [{"key": ZONE, "operator": "In", "values": [f"z{i}"]}]}
+        for i in range(MAX_TERMS // count)
+    ]
+    assert len(terms(mutated(gpu_pod(annotations, own)))) == len(own) * count
+
+
+def test_beyond_the_cap_the_message_counts_the_terms_written():
+    annotations = {**BOTH, contract.ANN_SPOT: "require"}
+    own = [
+        {"matchExpressions": [{"key": ZONE, "operator": "In", "values": [f"z{i}"]}]}
+        for i in range(5)
+    ]  # 5 x 15 = 75 > 64
+    decision = mutate.decide(gpu_pod(annotations, own), CFG)
+    assert decision.outcome == mutate.REFUSED and decision.patch == []
+    assert decision.detail == (
+        "the pod's required node affinity would need more than 64 nodeSelectorTerms: its "
+        "own 5 x 15 (gpu-products, min-gpu-memory, spot=require). Use fewer "
+        "nodeSelectorTerms, or gpu-scheduler.io/spot: prefer instead of require"
+    )  # whole: within the limit of a warning
+    assert mutate.decide(gpu_pod(annotations, own), STRICT).outcome == mutate.MUTATED  # 50
+    # No spot: require, no advice about it.
+    many = own * 7  # 35 x 2 = 70
+    decision = mutate.decide(gpu_pod({contract.ANN_GPU_PRODUCTS: "NVIDIA-L4"}, many), CFG)
+    assert decision.outcome == mutate.REFUSED
+    assert decision.detail.endswith("its own 35 x 2 (gpu-products). Use fewer nodeSelectorTerms")
+
+
+@pytest.mark.parametrize(
+    ("own", "count"),
+    [
+        # needs a GPU label: the unlabelled alternative can never match with it
+        ({"key": contract.LABEL_GPU_PRODUCT, "operator": "Exists"}, 1),
+        ({"key": contract.LABEL_GPU_MEMORY, "operator": "Gt", "values": ["1000"]}, 1),
+        # says none: only the unlabelled alternative can
+        ({"key": contract.LABEL_GPU_PRODUCT, "operator": "DoesNotExist"}, 1),
+        # NotIn matches a node without the label: both can
+        ({"key": contract.LABEL_GPU_PRODUCT, "operator": "NotIn", "values": ["x"]}, 2),
+    ],
+)
+def test_a_users_term_gets_only_the_alternatives_it_can_match_with(own, count):
+    pod = mutated(gpu_pod({contract.ANN_GPU_PRODUCTS: "NVIDIA-L4"}, [{"matchExpressions": [own]}]))
+    assert len(terms(pod)) == count
+    assert mutate.decide(pod, CFG).patch == []
+
+
+def test_a_users_term_no_alternative_can_match_keeps_one_and_still_matches_nothing():
+    absent = {"key": contract.LABEL_GPU_PRODUCT, "operator": "DoesNotExist"}
+    own = [
+        {"matchExpressions": [absent]},
+        {"matchExpressions": [{"key": ZONE, "operator": "In", "values": ["a"]}]},
+    ]
+    # Strict: the first term AND-ed with the product's one alternative (In: the label
+    # present) matches no node; it stays, one term, matching nothing (never dropped:
+    # a pod of that term alone must keep one).
+    pod = mutated(gpu_pod({contract.ANN_GPU_PRODUCTS: "NVIDIA-L4"}, own), STRICT)
+    first, second = terms(pod)
+    assert first["matchExpressions"][0] == absent
+    assert first["matchExpressions"][1]["operator"] == "In"
+    assert second["matchExpressions"][1]["operator"] == "In"
+    assert not required_node_affinity_matches(pod, DRA_NODE)
+    assert mutate.decide(pod, STRICT).patch == []
+    alone = mutated(gpu_pod({contract.ANN_GPU_PRODUCTS: "NVIDIA-L4"}, own[:1]), STRICT)
+    assert len(terms(alone)) == 1
+
+
+def test_mutating_a_pod_the_strict_form_was_written_on_changes_nothing():
+    once = mutated(gpu_pod({**BOTH, contract.ANN_SPOT: "require"}), STRICT)
+    assert mutate.decide(once, CFG).patch == []
+    lenient = mutated(gpu_pod({**BOTH, contract.ANN_SPOT: "require"}))
+    assert mutate.decide(lenient, CFG).patch == []
+    # The other way round the strict form is written: the unlabelled terms then need
+    # the product label too, and match no node.
+    spot_dra = make_node("dra-spot", 0, extra_labels={"karpenter.sh/capacity-type": "spot"})
+    assert required_node_affinity_matches(lenient, spot_dra)
+    strict = mutated(lenient, STRICT)
+    assert len(terms(strict)) == len(terms(lenient))
+    assert not required_node_affinity_matches(strict, spot_dra)
+    assert mutate.decide(strict, STRICT).patch == []
+
+
 # --- platform maps ------------------------------------------------------------------------
 def test_gke_products_and_memory_become_accelerator_values():
     gke = config_from_mapping({"nodeAffinity": {"platform": "gke"}})
@@ -283,6 +497,16 @@ def test_gke_products_and_memory_become_accelerator_values():
     ]
     both = {contract.ANN_MIN_GPU_MEMORY: "80G", contract.ANN_GPU_PRODUCTS: "NVIDIA-L4,NVIDIA-B200"}
     assert terms(mutated(gpu_pod(both), gke))[0]["matchExpressions"][0]["values"] == ["nvidia-b200"]
+    # A node without gke-accelerator (a DRA node) is left to the scheduler.
+    no_accelerator = {
+        "matchExpressions": [
+            {"key": "cloud.google.com/gke-accelerator", "operator": "DoesNotExist"}
+        ]
+    }
+    for asked in ({contract.ANN_MIN_GPU_MEMORY: "80G"}, both):
+        assert terms(mutated(gpu_pod(asked), gke))[1:] == [no_accelerator]
+    strict = config_from_mapping({"nodeAffinity": {"platform": "gke", "unlabelledNodes": "refuse"}})
+    assert len(terms(mutated(gpu_pod(both), strict))) == 1
 
 
 def test_a_product_the_platform_map_lacks_is_left_to_the_extender():
@@ -308,9 +532,27 @@ def test_karpenter_names_and_memory():
         ),
         aws,
     )
-    assert terms(pod)[0]["matchExpressions"] == [
-        {"key": "karpenter.k8s.aws/instance-gpu-name", "operator": "In", "values": ["a100"]},
-        {"key": "karpenter.k8s.aws/instance-gpu-memory", "operator": "Gt", "values": ["81919"]},
+    assert terms(pod) == [
+        {
+            "matchExpressions": [
+                {
+                    "key": "karpenter.k8s.aws/instance-gpu-name",
+                    "operator": "In",
+                    "values": ["a100"],
+                },
+                {
+                    "key": "karpenter.k8s.aws/instance-gpu-memory",
+                    "operator": "Gt",
+                    "values": ["81919"],
+                },
+            ]
+        },
+        {
+            "matchExpressions": [
+                {"key": "karpenter.k8s.aws/instance-gpu-name", "operator": "DoesNotExist"},
+                {"key": "karpenter.k8s.aws/instance-gpu-memory", "operator": "DoesNotExist"},
+            ]
+        },
     ]
 
 
@@ -326,11 +568,36 @@ def test_karpenter_names_and_memory():
         ({"nodeAffinity": {"productValues": {"X": ["x"]}}}, "gke and karpenter-aws maps only"),
         ({"nodeAffinity": {"platform": "gke", "productValues": {"X": "x"}}}, "to lists"),
         ({"nodeAffinity": {"labels": {}}}, "unknown config keys"),
+        ({"nodeAffinity": {"unlabelledNodes": True}}, "unlabelledNodes must be one of"),
+        ({"nodeAffinity": {"unlabelledNodes": "deny"}}, "unlabelledNodes must be one of"),
     ],
 )
 def test_affinity_config_errors(data, reason):
     with pytest.raises(ConfigError, match=reason):
         config_from_mapping(data)
+
+
+def test_deploys_config_and_the_charts_values_are_the_defaults():
+    """deploy/ and the chart spell every key out, unlabelledNodes included."""
+    root = Path(__file__).resolve().parents[2]
+    deployed = load_config(str(root / "deploy/webhook/webhook-config.yaml"))
+    values = yaml.safe_load((root / "charts/gpu-scheduler/values.yaml").read_text())
+    charted = values["webhook"]["config"]
+    for data in (
+        yaml.safe_load((root / "deploy/webhook/webhook-config.yaml").read_text()),
+        charted,
+    ):
+        assert data["nodeAffinity"]["unlabelledNodes"] == "allow"
+    assert deployed == config_from_mapping(charted) == WebhookConfig()
+
+
+def test_unlabelled_nodes_are_allowed_unless_the_config_refuses_them():
+    assert config_from_mapping({}).allow_unlabelled
+    assert config_from_mapping({"nodeAffinity": {"platform": "gke"}}).allow_unlabelled
+    allow = config_from_mapping({"nodeAffinity": {"unlabelledNodes": "allow"}})
+    assert allow.allow_unlabelled
+    refuse = config_from_mapping({"nodeAffinity": {"unlabelledNodes": "refuse"}})
+    assert not refuse.allow_unlabelled
 
 
 # --- equivalence with the extender ---------------------------------------------------------
@@ -342,18 +609,19 @@ VIEW = View(used={}, groups={}, pressure={}, nodes={}, now=1.8e9, age=1.0)
 @st.composite
 def nodes(draw) -> dict[str, Any]:
     labels: dict[str, str] = {ZONE: draw(st.sampled_from(["a", "b", "c"]))}
+    bare = draw(st.sampled_from([False, False, True]))  # no GPU label (a DRA node)
     product = draw(st.sampled_from([None, *PRODUCTS, "NVIDIA-L4-SHARED", "Tesla-T4-SHARED"]))
-    if product:
+    if product and not bare:
         labels[contract.LABEL_GPU_PRODUCT] = product
     memory = draw(
         st.sampled_from(
             [None, "15360", "23034", "40960", "81559", "n-a", "0081920", "99999999999999999999"]
         )
     )
-    if memory:
+    if memory and not bare:
         labels[contract.LABEL_GPU_MEMORY] = memory
     legacy = draw(st.sampled_from([None, "40960", "81920", "x"]))
-    if legacy:
+    if legacy and not bare:
         labels[contract.LABEL_GPU_MEMORY_LEGACY] = legacy
     for key, spot in contract.SPOT_LABELS:
         value = draw(st.sampled_from([None, spot, "on-demand", spot.swapcase()]))
@@ -380,7 +648,9 @@ def pods(draw) -> dict[str, Any]:
             {"key": ZONE, "operator": "In", "values": ["a", "b"]},
             {"key": ZONE, "operator": "NotIn", "values": ["c"]},
             {"key": contract.LABEL_GPU_PRODUCT, "operator": "Exists"},
+            {"key": contract.LABEL_GPU_PRODUCT, "operator": "DoesNotExist"},
             {"key": contract.LABEL_GPU_MEMORY, "operator": "Gt", "values": ["20000"]},
+            {"key": contract.LABEL_GPU_MEMORY_LEGACY, "operator": "DoesNotExist"},
             {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]},
         ]
     )
@@ -395,12 +665,42 @@ def extender_accepts(pod: dict[str, Any], node: dict[str, Any]) -> bool:
     return out.passed == [facts.name]
 
 
+def gpu_labelled(node: dict[str, Any]) -> bool:
+    return any(key in node["metadata"]["labels"] for key in GFD_KEYS)
+
+
+def without_gpu_constraints(pod: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(pod)
+    for key in (contract.ANN_GPU_PRODUCTS, contract.ANN_MIN_GPU_MEMORY):
+        out["metadata"]["annotations"].pop(key, None)
+    return out
+
+
 @settings(max_examples=400, deadline=None)
 @given(pod=pods(), candidates=st.lists(nodes(), min_size=1, max_size=6))
 def test_node_affinity_refuses_exactly_what_the_extender_refuses(pod, candidates):
-    after = mutated(pod)
+    """Strict (``unlabelledNodes: refuse``): exactly the extender's GFD rule."""
+    after = mutated(pod, STRICT)
     for node in candidates:
         expected = required_node_affinity_matches(pod, node) and extender_accepts(pod, node)
+        assert required_node_affinity_matches(after, node) == expected, (
+            node["metadata"]["labels"],
+            pod["metadata"]["annotations"],
+        )
+    assert mutate.decide(after, STRICT).patch == []  # idempotent
+    assert len(terms(after)) <= MAX_TERMS if "affinity" in after["spec"] else True
+
+
+@settings(max_examples=400, deadline=None)
+@given(pod=pods(), candidates=st.lists(nodes(), min_size=1, max_size=6))
+def test_node_affinity_leaves_unlabelled_nodes_to_the_scheduler(pod, candidates):
+    """The default: the same on a node with any GPU label; on a node with none, the
+    pod's own affinity and what the extender says of the pod without its GPU
+    constraints (spot, which the affinity still writes)."""
+    after = mutated(pod)
+    for node in candidates:
+        judged = pod if gpu_labelled(node) else without_gpu_constraints(pod)
+        expected = required_node_affinity_matches(pod, node) and extender_accepts(judged, node)
         assert required_node_affinity_matches(after, node) == expected, (
             node["metadata"]["labels"],
             pod["metadata"]["annotations"],
