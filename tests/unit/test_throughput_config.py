@@ -49,7 +49,9 @@ def test_each_variant_changes_only_its_part():
         cfg = variant_config(variant, OURS, URLS, 2000)
         assert "extenders" not in cfg
         enabled = [p["name"] for p in cfg["profiles"][0]["plugins"]["multiPoint"]["enabled"]]
-        assert "GPUScheduler" in enabled and cfg["profiles"][0]["schedulerName"] == f"bench-{variant}"
+        assert (
+            "GPUScheduler" in enabled and cfg["profiles"][0]["schedulerName"] == f"bench-{variant}"
+        )
 
     # 0: deploy/'s own limit
     assert variant_config("ours", OURS, URLS, 0)["clientConnection"] == {"qps": 300, "burst": 600}
