@@ -149,6 +149,10 @@ func (p *GPUScheduler) fragmentation(pod *v1.Pod, read *facts.Pod, figures workl
 	}
 	out := make([]float64, len(fits))
 	for i := range fits {
+		if i > 0 && states[i] == states[i-1] { // alike nodes side by side: one reading
+			out[i] = out[i-1]
+			continue
+		}
 		out[i] = p.frag.Gain(states[i], read.Gpus, cpu, ram)
 	}
 	if sharesWeight != 0 {
