@@ -40,6 +40,7 @@ type GPUScheduler struct {
 	frag     *workload.Fragmentation // the last mix's measure
 	usages   *Usages
 	fits     *fitCache
+	scratch  scratch
 	dra      *draGpus // GPUs from a DRA driver (dra.go); nil: not read
 }
 

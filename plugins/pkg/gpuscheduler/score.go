@@ -3,6 +3,7 @@ package gpuscheduler
 import (
 	"context"
 	"math"
+	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -54,8 +55,11 @@ func (p *GPUScheduler) PreScore(ctx context.Context, cs fwk.CycleState, pod *v1.
 	s = p.claimState(s, pod)
 	out := &Scored{Nodes: make([]string, 0, len(nodes)), infos: make([]fwk.NodeInfo, 0, len(nodes)),
 		Parts: map[string][]float64{}}
-	fits := make([]*Fit, 0, len(nodes))
-	used := make([][2]int64, 0, len(nodes))
+	work := &p.scratch
+	work.Lock()
+	defer work.Unlock()
+	fits, used := work.fits[:0], work.used[:0]
+	defer func() { work.fits, work.used = fits[:0], used[:0] }()
 	p.fits.read(p, nodes, func(name string, info fwk.NodeInfo, fit *Fit, u [2]int64) {
 		out.Nodes = append(out.Nodes, name)
 		out.infos = append(out.infos, info)
@@ -63,7 +67,7 @@ func (p *GPUScheduler) PreScore(ctx context.Context, cs fwk.CycleState, pod *v1.
 	})
 	weights := p.args.Weights
 	if weights["gpu"] > 0 {
-		raw := make([]float64, len(fits))
+		raw := grow(&work.raw, len(fits))
 		for i, fit := range fits {
 			raw[i] = Raw(s.pod, *fit, s.spread)
 		}
@@ -88,6 +92,28 @@ func (p *GPUScheduler) PreScore(ctx context.Context, cs fwk.CycleState, pod *v1.
 	out.Total = total(out.Parts, weights, len(fits))
 	cs.Write(scoredKey, out)
 	return nil
+}
+
+// scratch is PreScore's working memory, kept from one call to the next (a few tens of
+// kilobytes a call at 500 nodes, which the garbage collector paid for otherwise): what
+// Scored keeps is allocated anew. PreScore runs on the scheduling goroutine; the lock
+// is for a caller that would not.
+type scratch struct {
+	sync.Mutex
+	fits   []*Fit
+	used   [][2]int64
+	raw    []float64
+	gains  []float64
+	states []workload.State
+}
+
+// grow is the buffer at *buf with n elements (their values left to be written).
+func grow[T any](buf *[]T, n int) []T {
+	if cap(*buf) < n {
+		*buf = make([]T, n)
+	}
+	*buf = (*buf)[:n]
+	return *buf
 }
 
 // scarcity scores each node (1 - min(1, its model's pressure))^2 on 0..10, absolute: a
@@ -117,7 +143,7 @@ func scarcity(pressure map[string]float64, fits []*Fit) []float64 {
 // mix for a pod asking shares.
 func (p *GPUScheduler) fragmentation(pod *v1.Pod, read *facts.Pod, figures workload.Figures, fits []*Fit, used [][2]int64) []float64 {
 	cpu, ram := workload.Requests(pod)
-	states := make([]workload.State, len(fits))
+	states := grow(&p.scratch.states, len(fits))
 	for i, fit := range fits {
 		used, usedRAM := used[i][0], used[i][1]
 		states[i] = workload.State{Free: fit.Free(), CPUMilli: workload.Unlimited, RAMMiB: workload.Unlimited,
@@ -147,7 +173,7 @@ func (p *GPUScheduler) fragmentation(pod *v1.Pod, read *facts.Pod, figures workl
 			sharesWeight += class.Weight
 		}
 	}
-	out := make([]float64, len(fits))
+	out := grow(&p.scratch.gains, len(fits))
 	for i := range fits {
 		if i > 0 && states[i] == states[i-1] { // alike nodes side by side: one reading
 			out[i] = out[i-1]
