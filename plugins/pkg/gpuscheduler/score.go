@@ -94,6 +94,13 @@ func (p *GPUScheduler) PreScore(ctx context.Context, cs fwk.CycleState, pod *v1.
 	return nil
 }
 
+// alike: two nodes' states the fragmentation measure cannot tell apart (it keys its
+// memo by model number; a model past the numbered ones is compared by name).
+func alike(a, b workload.State) bool {
+	return a.Free == b.Free && a.CPUMilli == b.CPUMilli && a.RAMMiB == b.RAMMiB &&
+		a.ModelCode == b.ModelCode && (a.ModelCode >= 0 || a.Model == b.Model)
+}
+
 // scratch is PreScore's working memory, kept from one call to the next (a few tens of
 // kilobytes a call at 500 nodes, which the garbage collector paid for otherwise): what
 // Scored keeps is allocated anew. PreScore runs on the scheduling goroutine; the lock
@@ -175,7 +182,7 @@ func (p *GPUScheduler) fragmentation(pod *v1.Pod, read *facts.Pod, figures workl
 	}
 	out := grow(&p.scratch.gains, len(fits))
 	for i := range fits {
-		if i > 0 && states[i] == states[i-1] { // alike nodes side by side: one reading
+		if i > 0 && alike(states[i], states[i-1]) { // alike nodes side by side: one reading
 			out[i] = out[i-1]
 			continue
 		}
