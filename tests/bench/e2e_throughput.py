@@ -204,9 +204,11 @@ def measure(
             last = (seen, proc_cpu.snapshot())
             break
         time.sleep(0.05)
-    if profiling:
-        profiling.result()
-    cluster.stop_process(proc.name)
+    try:
+        if profiling:
+            profiling.result()
+    finally:
+        cluster.stop_process(proc.name)
     times = binding_times(proc.log_path.read_text(errors="replace"))
     if len(times) < pods or first is None or last is None:
         raise RuntimeError(f"{variant}: only {len(times)} of {pods} pods bound")

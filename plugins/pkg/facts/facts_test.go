@@ -1,13 +1,17 @@
 package facts
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
 )
@@ -133,6 +137,37 @@ func TestMemorySizesAreWordedAsTheExtenderWordsThem(t *testing.T) {
 	} {
 		if _, err := ParseMiB(value); err == nil || err.Error() != words {
 			t.Errorf("%q: %v, want %q", value, err, words)
+		}
+	}
+}
+
+// Nodes kube-scheduler's informer reports deleted are forgotten, so their objects leave
+// the published map at its next pruning.
+func TestDeletedNodesAreForgotten(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	gone := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gone", ResourceVersion: "1"}}
+	client := fake.NewClientset(gone)
+	factory := informers.NewSharedInformerFactory(client, 0)
+	c := NewCache()
+	if err := c.ForgetDeleted(factory.Core().V1().Nodes().Informer()); err != nil {
+		t.Fatal(err)
+	}
+	factory.Start(ctx.Done())
+	factory.WaitForCacheSync(ctx.Done())
+	c.Of(gone)
+	if err := client.CoreV1().Nodes().Delete(ctx, "gone", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		c.mu.RLock()
+		_, known := c.nodes["gone"]
+		c.mu.RUnlock()
+		if !known {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a deleted node's facts are still kept")
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/sharing"
@@ -235,25 +236,46 @@ func (c *Cache) remember(node *v1.Node, facts *Node) {
 	if objects := c.objects.Load(); objects != nil {
 		before = *objects
 	}
+	next := make(map[*v1.Node]*Node, len(before)+len(c.fresh.objects))
 	c.mu.RLock()
 	known := len(c.nodes)
-	c.mu.RUnlock()
-	if len(before)+len(c.fresh.objects) > known+staleObjects {
-		before = nil
+	if len(before) > known+staleObjects {
+		// objects of earlier versions and of deleted nodes: keep only the current ones
+		for node, facts := range before {
+			if got, ok := c.nodes[node.Name]; ok && got.version == node.ResourceVersion {
+				next[node] = facts
+			}
+		}
+	} else {
+		maps.Copy(next, before)
 	}
-	next := make(map[*v1.Node]*Node, len(before)+len(c.fresh.objects))
-	maps.Copy(next, before)
+	c.mu.RUnlock()
 	maps.Copy(next, c.fresh.objects)
 	c.objects.Store(&next)
 	c.fresh.objects = nil
 	c.fresh.published = now
 }
 
-// Forget drops a deleted node's facts.
+// Forget drops a deleted node's facts (its objects leave the published map at the
+// next pruning).
 func (c *Cache) Forget(name string) {
 	c.mu.Lock()
 	delete(c.nodes, name)
 	c.mu.Unlock()
+}
+
+// ForgetDeleted has the cache forget the nodes an informer reports deleted
+// (kube-scheduler's own Node informer).
+func (c *Cache) ForgetDeleted(informer cache.SharedIndexInformer) error {
+	_, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: func(obj any) {
+		if gone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = gone.Obj
+		}
+		if node, ok := obj.(*v1.Node); ok {
+			c.Forget(node.Name)
+		}
+	}})
+	return err
 }
 
 // MaxModelCodes bounds the GPU models numbered; past it a model gets -1 (a label

@@ -148,6 +148,10 @@ func (d *draGpus) refresh(logger klog.Logger) {
 	if class != d.class {
 		d.class, d.matcher = class, dra.NewClass(class, d.cel)
 		clear(d.slices)
+		if len(old.nodes) > 0 { // the last class's devices: none now, whatever follows
+			d.publish(old, map[string]*draNode{})
+			old = d.state.Load()
+		}
 	}
 	if class == nil {
 		if len(old.nodes) > 0 {

@@ -231,3 +231,21 @@ func TestAClaimGivingItsDevicesBackQueuesThePod(t *testing.T) {
 		}
 	}
 }
+
+// A new class serving nvidia.com/gpu while no slice is left: the last class's devices
+// are not kept.
+func TestANewClassWithNoSlicesLeavesNoDevices(t *testing.T) {
+	extendedResources(t)
+	manager := &fakeDRA{classes: []*resourceapi.DeviceClass{gpuClass()},
+		slices: []*resourceapi.ResourceSlice{gpuSlice("dra-h100", "NVIDIA H100 80GB HBM3", "81559Mi", 8)}}
+	p := plugin(t).WithDRA(manager)
+	info := framework.NewNodeInfo()
+	info.SetNode(draNodeObject("dra-h100"))
+	if status := filterOn(t, p, pod("1", ""), info); !status.IsSuccess() {
+		t.Fatalf("the devices of the class: %v", status)
+	}
+	manager.classes, manager.slices = []*resourceapi.DeviceClass{gpuClass()}, nil // a new object
+	if status := filterOn(t, p, pod("1", ""), info); status.Code() != fwk.UnschedulableAndUnresolvable {
+		t.Fatalf("no slice under the new class, yet: %v", status)
+	}
+}

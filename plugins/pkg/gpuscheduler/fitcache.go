@@ -15,8 +15,11 @@ import (
 // same 500 nodes for each alike pod, with one node changed; reading them all again
 // cost a tenth of its CPU at 5,000 nodes. Entries are kept by Node object, a pointer
 // (hashing the NodeInfo interface cost twice as much): NodeInfo generations come from
-// one counter for the process, and a clone keeps its original's, so an entry whose
-// generation matches was read from the same pods and the same Node.
+// one counter for the process and a clone keeps its original's, so an entry whose
+// generation matches was read from the same pods and the same Node; but kube-scheduler
+// 1.36+ assumes a pod group's members into the cycle's snapshot and puts the
+// generation back (Snapshot.AssumePod, ForgetPod), so the number of pods is compared
+// too.
 type fitCache struct {
 	mu      sync.Mutex
 	entries map[*v1.Node]*cachedFit
@@ -24,6 +27,7 @@ type fitCache struct {
 
 type cachedFit struct {
 	generation int64
+	pods       int
 	presence   uint64
 	dra        uint64 // the DRA view's version (dra.go)
 	fit        Fit
@@ -49,10 +53,11 @@ func (c *fitCache) read(p *GPUScheduler, nodes []fwk.NodeInfo, each func(string,
 		if node == nil {
 			continue
 		}
-		generation := info.GetGeneration()
+		generation, pods := info.GetGeneration(), len(info.GetPods())
 		e := c.entries[node]
-		if e == nil || e.generation != generation || e.presence != presence || e.dra != draVersion {
-			e = &cachedFit{generation: generation, presence: presence, dra: draVersion, fit: p.fit(info), used: p.cluster.Used(info)}
+		if e == nil || e.generation != generation || e.pods != pods || e.presence != presence || e.dra != draVersion {
+			e = &cachedFit{generation: generation, pods: pods, presence: presence, dra: draVersion,
+				fit: p.fit(info), used: p.cluster.Used(info)}
 			c.entries[node] = e
 		}
 		each(node.Name, info, &e.fit, e.used)

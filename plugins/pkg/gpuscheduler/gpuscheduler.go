@@ -65,6 +65,11 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 			Get:  func(name string) (fwk.NodeInfo, error) { return handle.SnapshotSharedLister().NodeInfos().Get(name) },
 		}
 		p.WithDRA(handle.SharedDRAManager())
+		if factory := handle.SharedInformerFactory(); factory != nil {
+			if err := facts.Nodes.ForgetDeleted(factory.Core().V1().Nodes().Informer()); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if args.HeartbeatWindow.Duration > 0 && handle != nil && handle.ClientSet() != nil {
 		p.heartbeats.WatchLeases(handle.ClientSet(), args.Namespace, ctx.Done())

@@ -154,8 +154,11 @@ func TestTheHeartbeatGuardTripsWhenMostAgentsFallSilentAtOnce(t *testing.T) {
 		t.Fatal("silent: b only")
 	}
 	h.Set("a", now.Add(-time.Hour))
-	if why := h.Guard(oldest); why != "many-silent" {
-		t.Fatalf("two silent of two: %q", why)
+	if why := h.Guard(oldest); why != "" {
+		t.Fatalf("a renewal within the guard's second moved it: %q", why)
+	}
+	if why := h.Guard(oldest.Add(time.Second)); why != "many-silent" {
+		t.Fatalf("two silent of two, a second later: %q", why)
 	}
 }
 
@@ -177,6 +180,11 @@ func TestLeasesComeRenewAndGo(t *testing.T) {
 	h.forget("a")
 	if _, managed := h.Of("a"); managed || h.Presence() == came {
 		t.Fatal("a deleted Lease still manages its node, or presence did not move")
+	}
+	// a renewTime past what UnixNano holds stays in the future, not wrapped into the past
+	h.Set("b", time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC))
+	if h.Silent("b", time.Now()) {
+		t.Fatal("a renewal in the year 3000 reads as silent")
 	}
 }
 

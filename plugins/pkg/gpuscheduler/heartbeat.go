@@ -49,12 +49,23 @@ type beat struct{ nanos atomic.Int64 }
 const notRenewed = math.MinInt64
 
 func (b *beat) store(renewed time.Time) {
-	if renewed.IsZero() {
+	switch {
+	case renewed.IsZero():
 		b.nanos.Store(notRenewed)
-	} else {
+	case renewed.After(lastNano):
+		b.nanos.Store(lastNano.UnixNano()) // a renewTime past 2262: far in the future still
+	case renewed.Before(firstNano):
+		b.nanos.Store(firstNano.UnixNano())
+	default:
 		b.nanos.Store(renewed.UnixNano())
 	}
 }
+
+// The times UnixNano holds (1678 to 2262); a Lease's renewTime is anyone's to write.
+var (
+	firstNano = time.Unix(0, math.MinInt64+1)
+	lastNano  = time.Unix(0, math.MaxInt64)
+)
 
 func (b *beat) load() time.Time {
 	if n := b.nanos.Load(); n != notRenewed {
@@ -103,11 +114,11 @@ func (h *Heartbeats) put(obj any) {
 func (h *Heartbeats) Set(node string, renewed time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.guardAt = time.Time{} // worked out again on the next pod
 	if cell, ok := (*h.beats.Load())[node]; ok {
-		cell.store(renewed)
+		cell.store(renewed) // the guard sees it within its second: renewals come 500 a second at 5,000 nodes
 		return
 	}
+	h.guardAt = time.Time{} // an agent more: worked out again on the next pod
 	cell := &beat{}
 	cell.store(renewed)
 	next := maps.Clone(*h.beats.Load())

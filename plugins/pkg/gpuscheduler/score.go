@@ -25,7 +25,6 @@ type Scored struct {
 	Nodes []string
 	Parts map[string][]float64
 	Total []float64
-	infos []fwk.NodeInfo
 	index map[string]int // built only where NormalizeScore's list is not in Nodes' order
 }
 
@@ -53,16 +52,14 @@ func (p *GPUScheduler) PreScore(ctx context.Context, cs fwk.CycleState, pod *v1.
 	}
 	p.dra.refresh(klog.FromContext(ctx))
 	s = p.claimState(s, pod)
-	out := &Scored{Nodes: make([]string, 0, len(nodes)), infos: make([]fwk.NodeInfo, 0, len(nodes)),
-		Parts: map[string][]float64{}}
+	out := &Scored{Nodes: make([]string, 0, len(nodes)), Parts: map[string][]float64{}}
 	work := &p.scratch
 	work.Lock()
 	defer work.Unlock()
 	fits, used := work.fits[:0], work.used[:0]
 	defer func() { work.fits, work.used = fits[:0], used[:0] }()
-	p.fits.read(p, nodes, func(name string, info fwk.NodeInfo, fit *Fit, u [2]int64) {
+	p.fits.read(p, nodes, func(name string, _ fwk.NodeInfo, fit *Fit, u [2]int64) {
 		out.Nodes = append(out.Nodes, name)
-		out.infos = append(out.infos, info)
 		fits, used = append(fits, fit), append(used, u)
 	})
 	weights := p.args.Weights

@@ -109,6 +109,7 @@ func place(node *facts.Node, pods []fwk.PodInfo, read func(*v1.Pod) *PodRead) *P
 type seen struct {
 	info       fwk.NodeInfo
 	generation int64
+	pods       int // beside the generation: see read
 	placed     *Placed
 	epoch      uint64
 }
@@ -134,14 +135,17 @@ type Cluster struct {
 	classes  map[ClassKey]int64
 	shareMix []ShareClass
 	dirty    bool
-	// pods: each pod object's read, by pointer (kube-scheduler's objects are never
-	// changed; an update is a new object). A node placed on is read again at the next
-	// cycle, and its pods with it; past maxPods the memo starts over.
-	pods map[*v1.Pod]*PodRead
+	// pods: each pod's read, by UID and resourceVersion (kube-scheduler never changes
+	// a pod object; an update is a new version). A node placed on is read again at the
+	// next cycle, and its pods with it; past maxPods the memo starts over. Keyed by
+	// strings, not by the object, so that a deleted pod's object is not kept.
+	pods map[podVersion]*PodRead
 }
 
-// maxPods bounds the pods read kept (a few hundred bytes each).
-const maxPods = 1 << 17
+type podVersion struct{ uid, version string }
+
+// maxPods bounds the pods read kept (a couple of hundred bytes each).
+const maxPods = 1 << 16
 
 // NewCluster keeps figures over nodes read by read (facts.Nodes.Of).
 func NewCluster(read func(*v1.Node) *facts.Node) *Cluster {
@@ -182,6 +186,9 @@ func (c *Cluster) Size() int {
 func (c *Cluster) Touch(node string) {
 	c.mu.Lock()
 	c.touched = append(c.touched, node)
+	if s := c.byName[node]; s != nil {
+		s.generation = -1 // read again even where its NodeInfo did not move (DRA devices)
+	}
 	c.mu.Unlock()
 }
 
@@ -276,8 +283,11 @@ func (c *Cluster) entry(info fwk.NodeInfo) *seen {
 
 // read reads the node again where its NodeInfo changed (lock held).
 func (c *Cluster) read(s *seen, info fwk.NodeInfo) {
-	if generation := info.GetGeneration(); generation != s.generation {
-		s.generation = generation
+	// kube-scheduler 1.36+ assumes a pod group's members into the cycle's snapshot and
+	// puts the NodeInfo's generation back (Snapshot.AssumePod, ForgetPod): the number
+	// of pods moves where the generation does not.
+	if generation, pods := info.GetGeneration(), len(info.GetPods()); generation != s.generation || pods != s.pods {
+		s.generation, s.pods = generation, pods
 		old := s.placed
 		s.placed = place(c.readNode(info.Node()), info.GetPods(), c.readPod)
 		c.swap(old, s.placed)
@@ -286,14 +296,18 @@ func (c *Cluster) read(s *seen, info fwk.NodeInfo) {
 
 // readPod is a pod's read, from the memo (lock held).
 func (c *Cluster) readPod(pod *v1.Pod) *PodRead {
-	if read, ok := c.pods[pod]; ok {
+	key := podVersion{string(pod.UID), pod.ResourceVersion}
+	if key.uid == "" || key.version == "" { // not from the API server (tests): no key
+		return ReadPod(pod)
+	}
+	if read, ok := c.pods[key]; ok {
 		return read
 	}
 	if len(c.pods) >= maxPods || c.pods == nil {
-		c.pods = make(map[*v1.Pod]*PodRead, 1024)
+		c.pods = make(map[podVersion]*PodRead, 1024)
 	}
 	read := ReadPod(pod)
-	c.pods[pod] = read
+	c.pods[key] = read
 	return read
 }
 

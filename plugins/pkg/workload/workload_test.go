@@ -1,12 +1,15 @@
 package workload
 
 import (
+	"fmt"
 	"math"
 	"reflect"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
@@ -121,17 +124,20 @@ func TestPressure(t *testing.T) {
 	}
 }
 
-// The cluster reads each pod object once: a node read again (a pod placed beside the
-// others) reuses what its pods gave, and an updated pod (a new object) is read anew.
-func TestClusterReadsEachPodObjectOnce(t *testing.T) {
+// The cluster reads each version of a pod once: a node read again (a pod placed beside
+// the others) reuses what its pods gave, and an updated pod (a new resourceVersion) is
+// read anew.
+func TestClusterReadsEachPodVersionOnce(t *testing.T) {
+	version := 0
 	gpuPod := func(gpus string) *v1.Pod {
 		q := resource.MustParse(gpus)
-		return &v1.Pod{Spec: v1.PodSpec{Containers: []v1.Container{{Resources: v1.ResourceRequirements{
+		version++
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{UID: "uid", ResourceVersion: fmt.Sprint(version)}, Spec: v1.PodSpec{Containers: []v1.Container{{Resources: v1.ResourceRequirements{
 			Requests: v1.ResourceList{v1.ResourceName(contract.ResourceGpu): q, v1.ResourceCPU: resource.MustParse("2")},
 			Limits:   v1.ResourceList{v1.ResourceName(contract.ResourceGpu): q}}}}}}
 	}
 	c := NewCluster(facts.ReadNode)
-	first, cpuOnly := gpuPod("2"), &v1.Pod{}
+	first, cpuOnly := gpuPod("2"), &v1.Pod{ObjectMeta: metav1.ObjectMeta{UID: "cpu", ResourceVersion: "1"}}
 	read := c.readPod(first)
 	if read == nil || read.Gpus != 2 || read.CPUMilli != 2000 || c.readPod(first) != read {
 		t.Fatalf("a pod's read: %+v, and again %p", read, c.readPod(first))
@@ -141,12 +147,61 @@ func TestClusterReadsEachPodObjectOnce(t *testing.T) {
 	}
 	updated := gpuPod("4")
 	if got := c.readPod(updated); got == read || got.Gpus != 4 {
-		t.Fatalf("a new object of the pod: %+v", got)
+		t.Fatalf("a new version of the pod: %+v", got)
+	}
+	if again := first.DeepCopy(); c.readPod(again) != read {
+		t.Fatal("the same version decoded again is read again")
 	}
 	node := facts.ReadNode(&v1.Node{Status: v1.NodeStatus{Allocatable: v1.ResourceList{
 		v1.ResourceName(contract.ResourceGpu): resource.MustParse("8")}}})
 	info := framework.NewNodeInfo(first, cpuOnly, updated)
 	if got, want := place(node, info.GetPods(), c.readPod), Read(node, info.GetPods()); !reflect.DeepEqual(got, want) {
 		t.Fatalf("read through the memo %+v, directly %+v", got, want)
+	}
+}
+
+func gpuNodeInfo(t *testing.T, name string, pods ...*v1.Pod) *framework.NodeInfo {
+	t.Helper()
+	info := framework.NewNodeInfo(pods...)
+	info.SetNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: "1"},
+		Status: v1.NodeStatus{Allocatable: v1.ResourceList{v1.ResourceName(contract.ResourceGpu): resource.MustParse("8")}}})
+	return info
+}
+
+// A node is read again when its pods change, also where kube-scheduler 1.36+ put the
+// NodeInfo's generation back after assuming a pod group's member into it, and when it
+// is touched although its NodeInfo did not move (its DRA devices changed).
+func TestTheClusterReadsANodeAgainWhenItsPodsOrItsDevicesChange(t *testing.T) {
+	whole := func(name, gpus string) *v1.Pod {
+		q := resource.MustParse(gpus)
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(name), ResourceVersion: "1"},
+			Spec: v1.PodSpec{Containers: []v1.Container{{Resources: v1.ResourceRequirements{
+				Requests: v1.ResourceList{v1.ResourceName(contract.ResourceGpu): q, v1.ResourceCPU: resource.MustParse("1")},
+				Limits:   v1.ResourceList{v1.ResourceName(contract.ResourceGpu): q}}}}}}
+	}
+	model := "NVIDIA-A100"
+	read := func(node *v1.Node) *facts.Node {
+		f := facts.ReadNode(node)
+		f.Model = model
+		return f
+	}
+	c := NewCluster(read)
+	info := gpuNodeInfo(t, "n", whole("a", "2"))
+	if used := c.Used(info); used[0] != 1000 {
+		t.Fatalf("one pod: %v", used)
+	}
+	generation := info.Generation
+	info.AddPod(whole("b", "2"))
+	info.Generation = generation // Snapshot.AssumePod puts it back
+	if used := c.Used(info); used[0] != 2000 {
+		t.Fatalf("a pod assumed with the generation put back: %v", used)
+	}
+	model = "NVIDIA-H100"
+	c.Touch("n")
+	c.mu.Lock()
+	s := c.refresh(info)
+	c.mu.Unlock()
+	if s.placed.Model != "NVIDIA-H100" {
+		t.Fatalf("a touched node whose NodeInfo did not move: %+v", s.placed)
 	}
 }
