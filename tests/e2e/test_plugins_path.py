@@ -51,19 +51,26 @@ from tests.helpers import required
 MINORS = ("newest", "oldest")
 
 
-@pytest.fixture(scope="module", params=MINORS)
-def plugins(request, tmp_path_factory, control_plane_binary):
-    binary = oldest_binary() if request.param == "oldest" else None
-    minor = supported_minors()[0 if request.param == "oldest" else -1]
+@contextlib.contextmanager
+def plugins_stack(which: str, workdir) -> Iterator:
+    """A stack of its own on the plugins path, on the newest or the oldest minor."""
+    binary = oldest_binary() if which == "oldest" else None
+    minor = supported_minors()[0 if which == "oldest" else -1]
     try:
         plugins_scheduler(int(minor.split(".")[1]))
     except FileNotFoundError as exc:
         required("the plugins path's e2e tests", f"{exc} (or `make test`, which builds it)")
-    stack = start_stack(
-        tmp_path_factory.mktemp(f"plugins-{request.param}"), binary=binary, scheduling="plugins"
-    )
-    yield stack
-    stack.stop()
+    stack = start_stack(workdir, binary=binary, scheduling="plugins")
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="module", params=MINORS)
+def plugins(request, tmp_path_factory, control_plane_binary):
+    with plugins_stack(request.param, tmp_path_factory.mktemp(f"plugins-{request.param}")) as stack:
+        yield stack
 
 
 def test_the_profile_is_served_by_our_kube_scheduler(plugins):
@@ -197,18 +204,25 @@ def test_kueue_admits_one_job_whole_and_the_other_after_it(plugins, tmp_path):
         kueue.stop()
 
 
-@pytest.fixture(scope="module")
-def dra_nodes(plugins):
-    return gpu_stack.make_dra_nodes(plugins)
+@pytest.fixture(scope="module", params=MINORS)
+def dra(request, tmp_path_factory, control_plane_binary):
+    """A cluster of its own with the DRA scenario's nodes: its scores (scarcity keeps an
+    unrestricted pod off the H100s restricted pods need) read every node of the
+    cluster, and the other scenarios leave theirs behind."""
+    workdir = tmp_path_factory.mktemp(f"plugins-dra-{request.param}")
+    with plugins_stack(request.param, workdir) as stack:
+        yield stack, gpu_stack.make_dra_nodes(stack)
 
 
-def test_dra_and_device_plugin_nodes_in_one_cluster(plugins, dra_nodes):
+def test_dra_and_device_plugin_nodes_in_one_cluster(dra):
     """Through the webhook, whose node affinity leaves nodes without GPU labels (the
     DRA nodes) to the plugins: product and memory are judged from the devices."""
+    stack, nodes = dra
     gpu_stack.dra_and_device_plugin_nodes(
-        plugins, dra_nodes, lambda gpus, **kw: place(plugins, "dra", gpus, **kw)
+        stack, nodes, lambda gpus, **kw: place(stack, "dra", gpus, **kw)
     )
 
 
-def test_a_tainted_dra_device_is_not_offered(plugins, dra_nodes):
-    gpu_stack.tainted_device_not_offered(plugins, lambda gpus: place(plugins, "dra-sick", gpus))
+def test_a_tainted_dra_device_is_not_offered(dra):
+    stack, _ = dra
+    gpu_stack.tainted_device_not_offered(stack, lambda gpus: place(stack, "dra-sick", gpus))
