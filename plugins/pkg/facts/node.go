@@ -268,10 +268,7 @@ func (c *Cache) Forget(name string) {
 // (kube-scheduler's own Node informer).
 func (c *Cache) ForgetDeleted(informer cache.SharedIndexInformer) error {
 	_, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: func(obj any) {
-		if gone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = gone.Obj
-		}
-		if node, ok := obj.(*v1.Node); ok {
+		if node, ok := Deleted[*v1.Node](obj); ok {
 			c.Forget(node.Name)
 		}
 	}})

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
 )
 
 // Heartbeats are the agents' Lease renewals by node (extender/policies/heartbeat.py).
@@ -86,10 +87,7 @@ func (h *Heartbeats) WatchLeases(client kubernetes.Interface, namespace string, 
 		AddFunc:    func(obj any) { h.put(obj) },
 		UpdateFunc: func(_, obj any) { h.put(obj) },
 		DeleteFunc: func(obj any) {
-			if gone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = gone.Obj
-			}
-			if lease, ok := obj.(*coordinationv1.Lease); ok {
+			if lease, ok := facts.Deleted[*coordinationv1.Lease](obj); ok {
 				h.forget(lease.Name)
 			}
 		},

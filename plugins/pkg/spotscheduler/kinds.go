@@ -30,10 +30,7 @@ func (k *Kinds) Watch(informer cache.SharedIndexInformer) error {
 		AddFunc:    func(obj any) { k.put(obj) },
 		UpdateFunc: func(_, obj any) { k.put(obj) },
 		DeleteFunc: func(obj any) {
-			if gone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = gone.Obj
-			}
-			if node, ok := obj.(*v1.Node); ok {
+			if node, ok := facts.Deleted[*v1.Node](obj); ok {
 				k.set(node.Name, false, true)
 			}
 		},
