@@ -178,10 +178,14 @@ def measure(
     (tests/bench/proc_cpu.py; the log is read as it grows, every 50 ms). ``plugins``:
     our kube-scheduler of the plugins path, to run instead of the control plane's;
     ``pprof``: a folder where kube-scheduler's CPU profile from its first binding on
-    (``/debug/pprof/profile``, PPROF_SECONDS) is written as ``<variant>.pprof``."""
+    (``/debug/pprof/profile``, PPROF_SECONDS) is written as ``<variant>.pprof``, and
+    its ``/metrics`` once every pod is bound as ``<variant>.metrics`` (the batching's
+    counters: how many pods took the node hint)."""
     args = [*(plugins_scheduler_flags(cluster.minor) if plugins else ())]
     if pprof:
-        args.append("--authorization-always-allow-paths=/healthz,/readyz,/livez,/debug/pprof/*")
+        args.append(
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/debug/pprof/*,/metrics"
+        )
     proc = cluster.start_scheduler(f"scheduler-{variant}", config, plugins, args)
     profiling: Future[None] | None = None
     deadline = time.monotonic() + 900
@@ -207,6 +211,8 @@ def measure(
     try:
         if profiling:
             profiling.result()
+        if pprof and last is not None:
+            fetch(proc.args, "/metrics", pprof / f"{variant}.metrics")
     finally:
         cluster.stop_process(proc.name)
     times = binding_times(proc.log_path.read_text(errors="replace"))
@@ -223,14 +229,18 @@ PROFILER = ThreadPoolExecutor(1)
 
 
 def profile(args: list[str], out: Path) -> None:
-    """kube-scheduler's CPU profile over PPROF_SECONDS, from the secure port in its
-    ``args``, written to ``out``."""
+    """kube-scheduler's CPU profile over PPROF_SECONDS, written to ``out``."""
+    fetch(args, f"/debug/pprof/profile?seconds={PPROF_SECONDS}", out)
+
+
+def fetch(args: list[str], path: str, out: Path) -> None:
+    """``path`` from the secure port in kube-scheduler's ``args``, written to ``out``."""
     import ssl
     import urllib.request
 
     port = next(a.split("=", 1)[1] for a in args if a.startswith("--secure-port="))
     insecure = ssl._create_unverified_context()  # the lab's self-signed serving cert
-    url = f"https://127.0.0.1:{port}/debug/pprof/profile?seconds={PPROF_SECONDS}"
+    url = f"https://127.0.0.1:{port}{path}"
     with urllib.request.urlopen(url, timeout=PPROF_SECONDS + 30, context=insecure) as r:
         out.write_bytes(r.read())
 

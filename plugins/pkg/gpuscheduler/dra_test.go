@@ -182,10 +182,10 @@ func TestAClaimOnlyPodIsScoredAsItsShare(t *testing.T) {
 	if _, status := p.PreFilter(context.Background(), state, asking, nil); status.Code() != fwk.Skip {
 		t.Fatalf("PreFilter of a claim-only pod: %v, want Skip (no GPU rule filters it)", status)
 	}
-	if status := p.PreScore(context.Background(), state, asking, nodes); !status.IsSuccess() {
-		t.Fatalf("PreScore: %v", status)
+	scored, _, status := p.ScoreAll(context.Background(), state, asking, nodes)
+	if !status.IsSuccess() {
+		t.Fatalf("scores: %v", status)
 	}
-	scored := ScoresOf(state)
 	gpu := scored.Parts["gpu"]
 	if scored.Nodes[1] != "busy" || !(gpu[1] > gpu[0]) {
 		t.Fatalf("best fit: %v %v, want busy above idle", scored.Nodes, gpu)

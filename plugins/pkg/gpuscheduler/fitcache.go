@@ -3,29 +3,39 @@ package gpuscheduler
 import (
 	"context"
 	"sync"
+	"unsafe"
 
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/workload"
 )
 
-// fitCache keeps, per node of kube-scheduler's snapshot, what PreScore reads of it:
-// its Fit and the CPU and memory of its GPU pods, until its NodeInfo changes or an
-// agent's Lease comes or goes. kube-scheduler's batching calls PreScore again over the
-// same 500 nodes for each alike pod, with one node changed; reading them all again
-// cost a tenth of its CPU at 5,000 nodes. Entries are kept by Node object, a pointer
-// (hashing the NodeInfo interface cost twice as much): NodeInfo generations come from
-// one counter for the process and a clone keeps its original's, so an entry whose
-// generation matches was read from the same pods and the same Node; but kube-scheduler
-// 1.36+ assumes a pod group's members into the cycle's snapshot and puts the
-// generation back (Snapshot.AssumePod, ForgetPod), so the number of pods is compared
-// too.
+// fitCache keeps, per node of kube-scheduler's snapshot, what the scores read of it:
+// its Fit, the CPU and memory of its GPU pods, and the view the scores take of both,
+// until its NodeInfo changes or an agent's Lease comes or goes. Score runs on 16
+// goroutines at once, so the entries are split over shards, each under its own lock.
+// Entries are kept by Node object, a pointer (hashing the NodeInfo interface cost
+// twice as much): NodeInfo generations come from one counter for the process and a
+// clone keeps its original's, so an entry whose generation matches was read from the
+// same pods and the same Node; but kube-scheduler 1.36+ assumes a pod group's members
+// into the cycle's snapshot and puts the generation back (Snapshot.AssumePod,
+// ForgetPod), so the number of pods is compared too.
 type fitCache struct {
-	mu      sync.Mutex
-	entries map[*v1.Node]*cachedFit
+	shards [fitShards]fitShard
 }
 
+const fitShards = 16
+
+type fitShard struct {
+	mu      sync.Mutex
+	entries map[*v1.Node]*cachedFit
+	_       [40]byte // a shard to a cache line: the locks of two shards are not one line
+}
+
+// cachedFit is one node as read at one generation: never written once made.
 type cachedFit struct {
+	view       view // first: what NormalizeScore reads, in the entry's first lines
 	generation int64
 	pods       int
 	presence   uint64
@@ -34,34 +44,71 @@ type cachedFit struct {
 	used       [2]int64
 }
 
-func newFitCache() *fitCache { return &fitCache{entries: map[*v1.Node]*cachedFit{}} }
+// view is what the scores read of a node's Fit and its GPU pods' CPU and memory,
+// worked out once per entry: the score of a pod asking whole GPUs, or none, reads no
+// more than this (one asking shares reads the Fit's GPUs too).
+type view struct {
+	name string // the node's
+	free int64  // Fit.Free
+	// gpuNode: the node has GPUs, or says it does (a CPU pod prefers the others).
+	gpuNode bool
+	// state: the fragmentation measure's reading of the node (free GPUs, the CPU
+	// and memory its GPU pods leave, its model).
+	state workload.State
+	// memory: its GPU memory where it shares its GPUs (the shares' median), else -1.
+	memory int64
+}
 
-// read hands each node with a Node (name, info, its Fit, its GPU pods' CPU and
-// memory) to each, in the given order.
-// The Fit handed over is the cache's: read, never written.
-func (c *fitCache) read(p *GPUScheduler, nodes []fwk.NodeInfo, each func(string, fwk.NodeInfo, *Fit, [2]int64)) {
+// viewOf is a node's view, from its Fit and the CPU and memory its GPU pods request.
+func viewOf(fit *Fit, used [2]int64) view {
+	n := fit.Node
+	v := view{name: n.Name, free: fit.Free(), gpuNode: n.Allocatable > 0 || n.Labelled, memory: -1,
+		state: workload.State{Free: fit.Free(), CPUMilli: workload.Unlimited, RAMMiB: workload.Unlimited,
+			Model: n.Model, ModelCode: n.ModelCode}}
+	if n.CPUMilli >= 0 {
+		v.state.CPUMilli = n.CPUMilli - used[0]
+	}
+	if n.RAMMiB >= 0 {
+		v.state.RAMMiB = n.RAMMiB - used[1]
+	}
+	if n.Shared != nil {
+		v.memory = max(n.MemoryMiB, 0)
+	}
+	return v
+}
+
+func newFitCache() *fitCache {
+	c := &fitCache{}
+	for i := range c.shards {
+		c.shards[i].entries = map[*v1.Node]*cachedFit{}
+	}
+	return c
+}
+
+// entry is the node's entry, read again where its NodeInfo changed (nil: no Node).
+func (c *fitCache) entry(p *GPUScheduler, info fwk.NodeInfo) *cachedFit {
+	node := info.Node()
+	if node == nil {
+		return nil
+	}
 	presence, draVersion := p.heartbeats.Presence(), p.draVersion()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	// Node objects gone from the snapshot (nodes changed or deleted) are dropped all
-	// at once, past twice the nodes the cluster holds
-	if len(c.entries) > 2*max(p.cluster.Size(), len(nodes))+1024 {
-		clear(c.entries)
-	}
-	for _, info := range nodes {
-		node := info.Node()
-		if node == nil {
-			continue
+	generation, pods := info.GetGeneration(), len(info.GetPods())
+	shard := &c.shards[(uintptr(unsafe.Pointer(node))>>7)%fitShards]
+	shard.mu.Lock()
+	defer shard.mu.Unlock()
+	e := shard.entries[node]
+	if e == nil || e.generation != generation || e.pods != pods || e.presence != presence || e.dra != draVersion {
+		// Node objects gone from the snapshot (nodes changed or deleted) are dropped
+		// all at once, past twice a shard's part of the nodes the cluster holds
+		if len(shard.entries) > (2*p.cluster.Size()+1024)/fitShards {
+			clear(shard.entries)
 		}
-		generation, pods := info.GetGeneration(), len(info.GetPods())
-		e := c.entries[node]
-		if e == nil || e.generation != generation || e.pods != pods || e.presence != presence || e.dra != draVersion {
-			e = &cachedFit{generation: generation, pods: pods, presence: presence, dra: draVersion,
-				fit: p.fit(info), used: p.cluster.Used(info)}
-			c.entries[node] = e
-		}
-		each(node.Name, info, &e.fit, e.used)
+		e = &cachedFit{generation: generation, pods: pods, presence: presence, dra: draVersion,
+			fit: p.fit(info), used: p.cluster.Used(info)}
+		e.view = viewOf(&e.fit, e.used)
+		shard.entries[node] = e
 	}
+	return e
 }
 
 var (

@@ -40,6 +40,7 @@ type GPUScheduler struct {
 	frag     *workload.Fragmentation // the last mix's measure
 	usages   *Usages
 	fits     *fitCache
+	ring     *ring // Score's tickets (ring.go)
 	scratch  scratch
 	dra      *draGpus // GPUs from a DRA driver (dra.go); nil: not read
 }
@@ -84,7 +85,7 @@ func NewWith(args config.GPUSchedulerArgs, heartbeats *Heartbeats, now func() ti
 		args.Weights = config.DefaultWeights
 	}
 	return &GPUScheduler{args: args, nodes: facts.Nodes, heartbeats: heartbeats, now: now,
-		cluster: workload.NewCluster(facts.Nodes.Of), usages: NewUsages(), fits: newFitCache()}
+		cluster: workload.NewCluster(facts.Nodes.Of), usages: NewUsages(), fits: newFitCache(), ring: newRing()}
 }
 
 // OverNodes makes the plugin read the cluster's figures from the given list of every

@@ -93,10 +93,13 @@ func TestACPUPodSkipsTheFilterButIsScored(t *testing.T) {
 	if _, status := p.PreFilter(context.Background(), state, pod("", ""), nil); !status.IsSkip() {
 		t.Fatalf("PreFilter: %v", status)
 	}
-	info := framework.NewNodeInfo()
-	info.SetNode(gpuNode(map[string]string{contract.LabelGpuPresent: "true"}, nil))
-	if score, status := p.Score(context.Background(), state, pod("", ""), info); score != 0 || !status.IsSuccess() {
-		t.Fatalf("a GPU node for a CPU pod: %d %v", score, status)
+	gpus := framework.NewNodeInfo()
+	gpus.SetNode(gpuNode(map[string]string{contract.LabelGpuPresent: "true"}, nil))
+	plain := framework.NewNodeInfo()
+	plain.SetNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "plain"}})
+	_, list, status := p.ScoreAll(context.Background(), state, pod("", ""), []fwk.NodeInfo{gpus, plain})
+	if !status.IsSuccess() || list[0].Score != 0 || list[1].Score <= list[0].Score {
+		t.Fatalf("a CPU pod: %v %v, want the node without GPUs above the GPU node", list, status)
 	}
 }
 

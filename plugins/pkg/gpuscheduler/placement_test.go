@@ -48,8 +48,8 @@ func placed(t *testing.T, p *GPUScheduler, gpus string, sizes map[string]int64, 
 	if _, status := p.PreFilter(ctx, state, pd, infos); !status.IsSuccess() && !status.IsSkip() {
 		t.Fatalf("PreFilter: %v", status)
 	}
-	if status := p.PreScore(ctx, state, pd, infos); !status.IsSuccess() {
-		t.Fatalf("PreScore: %v", status)
+	if _, _, status := p.ScoreAll(ctx, state, pd, infos); !status.IsSuccess() {
+		t.Fatalf("scores: %v", status)
 	}
 	explain.Keep(state, "spot", list)
 	p.PostBind(ctx, state, pd, chosen)

@@ -137,16 +137,22 @@ func Unresolvable(code int) bool { return contract.GpuUnresolvable[code] }
 // Raw is the gpu score before normalisation (higher is better): binpack leaves the
 // fewest GPUs free, spread the most; a CPU pod prefers nodes without GPUs.
 func Raw(pod *facts.Pod, f Fit, spread bool) float64 {
+	v := viewOf(&f, [2]int64{})
+	return rawOf(pod, &v, f.Gpus, spread)
+}
+
+// rawOf is Raw from a node's view (and its GPUs, for a pod asking shares).
+func rawOf(pod *facts.Pod, v *view, gpus []sharing.Gpu, spread bool) float64 {
 	switch {
 	case len(pod.Shares) > 0:
-		return BestFit(pod, f.Gpus, spread)
+		return BestFit(pod, gpus, spread)
 	case pod.Gpus == 0:
-		if f.Node.Allocatable > 0 || f.Node.Labelled {
+		if v.gpuNode {
 			return 0
 		}
 		return 1
 	case spread:
-		return float64(f.Free() - pod.Gpus)
+		return float64(v.free - pod.Gpus)
 	}
-	return float64(pod.Gpus - f.Free())
+	return float64(pod.Gpus - v.free)
 }

@@ -16,21 +16,23 @@ import (
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/workload"
 )
 
-const scoredKey fwk.StateKey = Name + "/scores"
+const (
+	scoredKey   fwk.StateKey = Name + "/scores"
+	preScoreKey fwk.StateKey = Name + "/prescore"
+)
 
 // Scored is one cycle's scores over the nodes that fit: each policy's 0..10 score (as
 // the extender's engine gives it; absent: the policy had nothing to say about this
-// pod) and their weighted mean on 0..MaxNodeScore, which Score answers.
+// pod) and their weighted mean on 0..MaxNodeScore, which NormalizeScore answers.
 type Scored struct {
 	Nodes []string
 	Parts map[string][]float64
 	Total []float64
-	index map[string]int // built only where NormalizeScore's list is not in Nodes' order
 }
 
 func (s *Scored) Clone() fwk.StateData { return s }
 
-// ScoresOf is the cycle's scores (nil before PreScore).
+// ScoresOf is the cycle's scores (nil before NormalizeScore).
 func ScoresOf(cs fwk.CycleState) *Scored {
 	data, err := cs.Read(scoredKey)
 	if err != nil {
@@ -40,55 +42,140 @@ func ScoresOf(cs fwk.CycleState) *Scored {
 	return s
 }
 
-// PreScore scores every node that fits at once: the gpu score (binpack or spread) is
-// stretched over them, and for a GPU pod the scarcity and fragmentation scores read
-// the cluster's figures (extender/policies/scarcity.py, fragmentation.py). Every pod
-// that passed PreFilter is scored (a CPU pod prefers nodes without GPUs).
-func (p *GPUScheduler) PreScore(ctx context.Context, cs fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
+// preScored is what PreScore reads once a cycle for NormalizeScore: the pod, and the
+// cluster's figures where its scores need them.
+type preScored struct {
+	s        *state
+	figures  *workload.Figures // nil: not needed
+	cpu, ram int64             // the pod's requests, as the fragmentation measure reads them
+}
+
+func (p *preScored) Clone() fwk.StateData { return p }
+
+// PreScore reads the pod and the cluster's figures (extender/policies/scarcity.py,
+// fragmentation.py) once a cycle. Every pod that passed PreFilter is scored (a CPU
+// pod prefers nodes without GPUs).
+//
+// The scores are worked out in three steps, as kube-scheduler's batching expects
+// them: PreScore reads the pod and the cluster, Score reads one node (on many
+// goroutines at once), NormalizeScore does what needs every node at once (the
+// stretch of each score over the nodes, the median of their GPU memory). When
+// kube-scheduler batches alike pods, it keeps the other nodes' Score answers and asks
+// Score again only of the node it placed the last pod on: Score's answer is a ticket
+// to what it read (the scores' ring), and a batched pod costs one node's reading, not
+// a pass over the 500 nodes kube-scheduler keeps as candidates.
+func (p *GPUScheduler) PreScore(ctx context.Context, cs fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
 	s, err := read(cs)
 	if err != nil {
 		s = p.read(pod)
 		cs.Write(stateKey, s)
 	}
 	p.dra.refresh(klog.FromContext(ctx))
-	s = p.claimState(s, pod)
-	out := &Scored{Nodes: make([]string, 0, len(nodes)), Parts: map[string][]float64{}}
-	work := &p.scratch
-	work.Lock()
-	defer work.Unlock()
-	fits, used := work.fits[:0], work.used[:0]
-	defer func() { work.fits, work.used = fits[:0], used[:0] }()
-	p.fits.read(p, nodes, func(name string, _ fwk.NodeInfo, fit *Fit, u [2]int64) {
-		out.Nodes = append(out.Nodes, name)
-		fits, used = append(fits, fit), append(used, u)
-	})
+	pre := &preScored{s: p.claimState(s, pod)}
 	weights := p.args.Weights
-	if weights["gpu"] > 0 {
-		raw := grow(&work.raw, len(fits))
-		for i, fit := range fits {
-			raw[i] = Raw(s.pod, *fit, s.spread)
-		}
-		out.Parts["gpu"] = score.Stretch(raw)
-	}
-	if s.pod.WantsGpus() && (weights["scarcity"] > 0 || weights["fragmentation"] > 0) && p.snapshot != nil {
+	if pre.s.pod.WantsGpus() && (weights["scarcity"] > 0 || weights["fragmentation"] > 0) && p.snapshot != nil {
 		figures, err := p.cluster.Figures(*p.snapshot)
 		if err != nil {
 			return fwk.AsStatus(err)
 		}
+		pre.figures = &figures
+		if weights["fragmentation"] > 0 {
+			pre.cpu, pre.ram = workload.Requests(pod)
+		}
+	}
+	cs.Write(preScoreKey, pre)
+	return nil
+}
+
+// Score reads the node (its cached Fit and view) into the scores' ring and answers
+// its ticket there; NormalizeScore turns the tickets into scores.
+func (p *GPUScheduler) Score(_ context.Context, _ fwk.CycleState, _ *v1.Pod, info fwk.NodeInfo) (int64, *fwk.Status) {
+	e := p.fits.entry(p, info)
+	if e == nil {
+		return 0, nil
+	}
+	return p.ring.put(e), nil
+}
+
+// ScoreExtensions: NormalizeScore.
+func (p *GPUScheduler) ScoreExtensions() fwk.ScoreExtensions { return p }
+
+// NormalizeScore works out each node's weighted mean on 0..MaxNodeScore from the
+// nodes Score read: the gpu score (binpack or spread) stretched over them, and for a
+// GPU pod the scarcity and fragmentation scores from the cluster's figures. A ticket
+// the ring no longer holds (or none) is read again from the snapshot by name.
+func (p *GPUScheduler) NormalizeScore(_ context.Context, cs fwk.CycleState, _ *v1.Pod, scores fwk.NodeScoreList) *fwk.Status {
+	data, err := cs.Read(preScoreKey)
+	pre, _ := data.(*preScored)
+	if err != nil || pre == nil {
+		for i := range scores {
+			scores[i].Score = 0
+		}
+		return nil
+	}
+	s := pre.s
+	work := &p.scratch
+	work.Lock()
+	defer work.Unlock()
+	entries := work.entries[:0]
+	defer func() { clear(entries); work.entries = entries[:0] }()
+	out := &Scored{Nodes: make([]string, 0, len(scores)), Parts: map[string][]float64{}}
+	at := grow(&work.at, len(scores)) // each listed node's place in out (-1: gone)
+	for i := range scores {
+		e := p.ring.get(scores[i].Score)
+		if e == nil || e.view.name != scores[i].Name { // not a ticket Score gave for this node
+			e = p.reread(scores[i].Name)
+		}
+		if e == nil {
+			at[i] = -1
+			continue
+		}
+		at[i] = len(entries)
+		entries = append(entries, e)
+		out.Nodes = append(out.Nodes, scores[i].Name)
+	}
+	weights := p.args.Weights
+	if weights["gpu"] > 0 {
+		raw := grow(&work.raw, len(entries))
+		for i, e := range entries {
+			raw[i] = rawOf(s.pod, &e.view, e.fit.Gpus, s.spread)
+		}
+		out.Parts["gpu"] = score.Stretch(raw)
+	}
+	if figures := pre.figures; figures != nil {
 		if weights["scarcity"] > 0 && s.pod.Products == nil && !s.claimed {
-			if part := scarcity(figures.Pressure, fits); part != nil {
+			if part := scarcity(figures.Pressure, entries); part != nil {
 				out.Parts["scarcity"] = part
 			}
 		}
 		if weights["fragmentation"] > 0 {
-			if gains := p.fragmentation(pod, s.pod, figures, fits, used); gains != nil {
+			if gains := p.fragmentation(s.pod, *figures, entries, pre.cpu, pre.ram); gains != nil {
 				out.Parts["fragmentation"] = score.Stretch(gains)
 			}
 		}
 	}
-	out.Total = total(out.Parts, weights, len(fits))
+	out.Total = total(out.Parts, weights, len(entries))
+	for i := range scores {
+		scores[i].Score = 0
+		if at[i] >= 0 {
+			scores[i].Score = int64(math.Round(out.Total[at[i]]))
+		}
+	}
 	cs.Write(scoredKey, out)
 	return nil
+}
+
+// reread is a node's entry read again from the snapshot by name (nil: gone, or no
+// snapshot).
+func (p *GPUScheduler) reread(name string) *cachedFit {
+	if p.snapshot == nil {
+		return nil
+	}
+	info, err := p.snapshot.Get(name)
+	if err != nil || info == nil {
+		return nil
+	}
+	return p.fits.entry(p, info)
 }
 
 // alike: two nodes' states the fragmentation measure cannot tell apart (it keys its
@@ -98,17 +185,16 @@ func alike(a, b workload.State) bool {
 		a.ModelCode == b.ModelCode && (a.ModelCode >= 0 || a.Model == b.Model)
 }
 
-// scratch is PreScore's working memory, kept from one call to the next (a few tens of
-// kilobytes a call at 500 nodes, which the garbage collector paid for otherwise): what
-// Scored keeps is allocated anew. PreScore runs on the scheduling goroutine; the lock
-// is for a caller that would not.
+// scratch is NormalizeScore's working memory, kept from one call to the next (a few
+// tens of kilobytes a call at 500 nodes, which the garbage collector paid for
+// otherwise): what Scored keeps is allocated anew. NormalizeScore runs on the
+// scheduling goroutine; the lock is for a caller that would not.
 type scratch struct {
 	sync.Mutex
-	fits   []*Fit
-	used   [][2]int64
-	raw    []float64
-	gains  []float64
-	states []workload.State
+	entries []*cachedFit
+	at      []int
+	raw     []float64
+	gains   []float64
 }
 
 // grow is the buffer at *buf with n elements (their values left to be written).
@@ -122,7 +208,7 @@ func grow[T any](buf *[]T, n int) []T {
 
 // scarcity scores each node (1 - min(1, its model's pressure))^2 on 0..10, absolute: a
 // model the restricted pods need much of is left to them (nil: no pressure anywhere).
-func scarcity(pressure map[string]float64, fits []*Fit) []float64 {
+func scarcity(pressure map[string]float64, nodes []*cachedFit) []float64 {
 	top := 0.0
 	for _, value := range pressure {
 		top = max(top, value)
@@ -130,12 +216,18 @@ func scarcity(pressure map[string]float64, fits []*Fit) []float64 {
 	if top <= 0 {
 		return nil
 	}
-	out := make([]float64, len(fits))
-	for i, fit := range fits {
+	out := make([]float64, len(nodes))
+	for i, e := range nodes {
+		if i > 0 && e.view.state.Model == nodes[i-1].view.state.Model { // alike neighbours: one lookup
+			out[i] = out[i-1]
+			continue
+		}
 		value := 1.0 // a model nobody is restricted to, or none known
-		if pressed, ok := pressure[fit.Node.Model]; ok && fit.Node.Model != "" {
-			left := 1 - min(1, pressed)
-			value = left * left
+		if model := e.view.state.Model; model != "" {
+			if pressed, ok := pressure[model]; ok {
+				left := 1 - min(1, pressed)
+				value = left * left
+			}
 		}
 		out[i] = 10 * value
 	}
@@ -144,26 +236,13 @@ func scarcity(pressure map[string]float64, fits []*Fit) []float64 {
 
 // fragmentation is each node's fragmentation gain for the pod (nil: the score has
 // nothing to say): on whole GPUs over the workload mix, on partial GPUs over the share
-// mix for a pod asking shares.
-func (p *GPUScheduler) fragmentation(pod *v1.Pod, read *facts.Pod, figures workload.Figures, fits []*Fit, used [][2]int64) []float64 {
-	cpu, ram := workload.Requests(pod)
-	states := grow(&p.scratch.states, len(fits))
-	for i, fit := range fits {
-		used, usedRAM := used[i][0], used[i][1]
-		states[i] = workload.State{Free: fit.Free(), CPUMilli: workload.Unlimited, RAMMiB: workload.Unlimited,
-			Model: fit.Node.Model, ModelCode: fit.Node.ModelCode}
-		if fit.Node.CPUMilli >= 0 {
-			states[i].CPUMilli = fit.Node.CPUMilli - used
-		}
-		if fit.Node.RAMMiB >= 0 {
-			states[i].RAMMiB = fit.Node.RAMMiB - usedRAM
-		}
-	}
+// mix for a pod asking shares; cpu and ram: the pod's requests.
+func (p *GPUScheduler) fragmentation(read *facts.Pod, figures workload.Figures, nodes []*cachedFit, cpu, ram int64) []float64 {
 	if len(read.Shares) > 0 {
 		if len(figures.ShareMix) == 0 {
 			return nil
 		}
-		return shareGains(read, figures.ShareMix, fits, states, cpu, ram)
+		return shareGains(read, figures.ShareMix, nodes, cpu, ram)
 	}
 	if read.Gpus == 0 || len(figures.Mix) == 0 {
 		return nil
@@ -177,16 +256,16 @@ func (p *GPUScheduler) fragmentation(pod *v1.Pod, read *facts.Pod, figures workl
 			sharesWeight += class.Weight
 		}
 	}
-	out := grow(&p.scratch.gains, len(fits))
-	for i := range fits {
-		if i > 0 && alike(states[i], states[i-1]) { // alike nodes side by side: one reading
+	out := grow(&p.scratch.gains, len(nodes))
+	for i, e := range nodes {
+		if i > 0 && alike(e.view.state, nodes[i-1].view.state) { // alike nodes side by side: one reading
 			out[i] = out[i-1]
 			continue
 		}
-		out[i] = p.frag.Gain(states[i], read.Gpus, cpu, ram)
+		out[i] = p.frag.Gain(e.view.state, read.Gpus, cpu, ram)
 	}
 	if sharesWeight != 0 {
-		for i, excess := range excessMemory(fits) {
+		for i, excess := range excessMemory(nodes) {
 			out[i] -= sharesWeight * float64(read.Gpus) * excess
 		}
 	}
@@ -196,47 +275,47 @@ func (p *GPUScheduler) fragmentation(pod *v1.Pod, read *facts.Pod, figures workl
 // excessMemory is how far each node's GPU memory exceeds the median of the sharing
 // nodes', in GPUs of that median (0 on a node that does not share): a whole-GPU pod
 // pays for taking memory shares could have used.
-func excessMemory(fits []*Fit) []float64 {
-	memory := make([]float64, len(fits))
+func excessMemory(nodes []*cachedFit) []float64 {
 	var sharing []float64
-	for i, fit := range fits {
-		if fit.Node.Shared != nil {
-			memory[i] = float64(max(fit.Node.MemoryMiB, 0))
-			sharing = append(sharing, memory[i])
+	for _, e := range nodes {
+		if e.view.memory >= 0 {
+			sharing = append(sharing, float64(e.view.memory))
 		}
 	}
-	out := make([]float64, len(fits))
+	out := make([]float64, len(nodes))
 	unit := workload.Median(sharing)
 	if len(sharing) == 0 || unit <= 0 {
 		return out
 	}
-	for i := range fits {
-		out[i] = max(memory[i]/unit-1, 0)
+	for i, e := range nodes {
+		if e.view.memory >= 0 {
+			out[i] = max(float64(e.view.memory)/unit-1, 0)
+		}
 	}
 	return out
 }
 
 // shareGains is each node's gain in the partial-GPU measure once the pod's shares are
 // placed by the fit rule (where it finds no room: below every node where it does).
-func shareGains(read *facts.Pod, mix []workload.ShareClass, fits []*Fit, states []workload.State, cpu, ram int64) []float64 {
+func shareGains(read *facts.Pod, mix []workload.ShareClass, nodes []*cachedFit, cpu, ram int64) []float64 {
 	var capacities []float64
-	for _, fit := range fits {
-		for _, g := range fit.Gpus {
+	for _, e := range nodes {
+		for _, g := range e.fit.Gpus {
 			if g.Capacity > 0 {
 				capacities = append(capacities, float64(g.Capacity))
 			}
 		}
 	}
 	unit := workload.Median(capacities)
-	out := make([]float64, len(fits))
-	placed := make([]bool, len(fits))
+	out := make([]float64, len(nodes))
+	placed := make([]bool, len(nodes))
 	some, all := false, true
-	for i, fit := range fits {
-		free, capacity := workload.Columns(fit.Gpus)
-		s := states[i]
+	for i, e := range nodes {
+		free, capacity := workload.Columns(e.fit.Gpus)
+		s := e.view.state
 		before := workload.ShareFragments(free, capacity, mix, s.CPUMilli, s.RAMMiB, unit)
 		after := free
-		if p, ok := sharing.Fit(fit.Gpus, read.Shares, read.Gpus); ok {
+		if p, ok := sharing.Fit(e.fit.Gpus, read.Shares, read.Gpus); ok {
 			after, placed[i] = workload.PlacedColumn(free, p, read.Shares), true
 		}
 		some, all = some || placed[i], all && placed[i]
@@ -283,39 +362,23 @@ func total(parts map[string][]float64, weights map[string]int64, n int) []float6
 	return out
 }
 
-// Score is 0: NormalizeScore gives each node its weighted mean from PreScore (a map
-// from node to score, filled for 500 nodes a pod, costs more than the whole score).
-func (p *GPUScheduler) Score(context.Context, fwk.CycleState, *v1.Pod, fwk.NodeInfo) (int64, *fwk.Status) {
-	return 0, nil
-}
-
-// ScoreExtensions: NormalizeScore.
-func (p *GPUScheduler) ScoreExtensions() fwk.ScoreExtensions { return p }
-
-// NormalizeScore gives each node its weighted mean, on 0..MaxNodeScore. kube-scheduler
-// lists the nodes in the order PreScore had them; a list in another order is matched
-// by name.
-func (p *GPUScheduler) NormalizeScore(_ context.Context, cs fwk.CycleState, _ *v1.Pod, scores fwk.NodeScoreList) *fwk.Status {
-	s := ScoresOf(cs)
-	if s == nil {
-		return nil
+// ScoreAll takes the nodes through the score steps as kube-scheduler does in one
+// cycle (PreScore, Score on each, NormalizeScore) and answers the cycle's scores and
+// the normalised list (tests, the conformance suite, the openb replay).
+func (p *GPUScheduler) ScoreAll(ctx context.Context, cs fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) (*Scored, fwk.NodeScoreList, *fwk.Status) {
+	if status := p.PreScore(ctx, cs, pod, nodes); !status.IsSuccess() {
+		return nil, nil, status
 	}
-	for i := range scores {
-		at := i
-		if i >= len(s.Nodes) || s.Nodes[i] != scores[i].Name {
-			if s.index == nil {
-				s.index = make(map[string]int, len(s.Nodes))
-				for k, name := range s.Nodes {
-					s.index[name] = k
-				}
-			}
-			var ok bool
-			if at, ok = s.index[scores[i].Name]; !ok {
-				scores[i].Score = 0
-				continue
-			}
+	list := make(fwk.NodeScoreList, len(nodes))
+	for i, info := range nodes {
+		score, status := p.Score(ctx, cs, pod, info)
+		if !status.IsSuccess() {
+			return nil, nil, status
 		}
-		scores[i].Score = int64(math.Round(s.Total[at]))
+		list[i] = fwk.NodeScore{Name: info.Node().Name, Score: score}
 	}
-	return nil
+	if status := p.NormalizeScore(ctx, cs, pod, list); !status.IsSuccess() {
+		return nil, nil, status
+	}
+	return ScoresOf(cs), list, nil
 }

@@ -7,6 +7,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourcehelper "k8s.io/component-helpers/resource"
 
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/sharing"
@@ -33,7 +34,11 @@ type Placed struct {
 // Requests is a pod's CPU (millicores) and memory (MiB) as kube-scheduler sums them,
 // each rounded down and clamped, as the extender reads them.
 func Requests(pod *v1.Pod) (int64, int64) {
-	requests := resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{})
+	return requestsIn(resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{}))
+}
+
+// requestsIn is Requests from the pod's summed requests.
+func requestsIn(requests v1.ResourceList) (int64, int64) {
 	cpu, ram := requests[v1.ResourceCPU], requests[v1.ResourceMemory]
 	return facts.Down(&cpu, 1000, 0), facts.Down(&ram, 1, 20)
 }
@@ -57,12 +62,14 @@ type PodRead struct {
 
 // ReadPod reads a pod for the figures (nil: it asks no GPU).
 func ReadPod(pod *v1.Pod) *PodRead {
-	gpus := facts.GpuRequest(pod)
+	requests := resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{}) // summed once
+	gpu := requests[v1.ResourceName(contract.ResourceGpu)]
+	gpus := gpu.Value() // as facts.GpuRequest reads it
 	shares, _ := facts.PodShares(pod)
 	if gpus <= 0 && len(shares) == 0 {
 		return nil
 	}
-	cpu, ram := Requests(pod)
+	cpu, ram := requestsIn(requests)
 	restricted, _ := facts.Products(pod.Annotations) // unreadable: not restricted
 	products := facts.SortedProducts(restricted)
 	return &PodRead{Gpus: gpus, Shares: shares, CPUMilli: cpu, RAMMiB: ram, Products: products,

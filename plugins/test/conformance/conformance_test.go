@@ -262,10 +262,10 @@ func scoreProblems(ctx context.Context, p plugins, state fwk.CycleState, pod *v1
 // gpuScoreProblems: GPUScheduler's parts (gpu, scarcity, fragmentation), each on
 // 0..10 as the extender's engine gives it, within 1/100.
 func gpuScoreProblems(ctx context.Context, p plugins, state fwk.CycleState, pod *v1.Pod, infos []fwk.NodeInfo, want map[string]map[string]float64) []string {
-	if status := p.gpu.PreScore(ctx, state, pod, infos); !status.IsSuccess() {
-		return []string{fmt.Sprintf("gpu PreScore: %v", status)}
+	scored, _, status := p.gpu.ScoreAll(ctx, state, pod, infos)
+	if !status.IsSuccess() {
+		return []string{fmt.Sprintf("gpu scores: %v", status)}
 	}
-	scored := gpuscheduler.ScoresOf(state)
 	var problems []string
 	for _, policy := range config.ScorePolicies {
 		expected, ok := want[policy]

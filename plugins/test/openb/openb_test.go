@@ -180,23 +180,14 @@ func (c *cluster) run(ctx context.Context, f *file, pod *v1.Pod) (cycle, error) 
 	}
 	out.parts = map[string][]float64{}
 	out.kube = make([]int64, len(out.fits))
-	if status := c.gpu.PreScore(ctx, state, pod, infos); !status.IsSuccess() {
-		return out, fmt.Errorf("GPUScheduler PreScore: %v", status)
+	scored, list, status := c.gpu.ScoreAll(ctx, state, pod, infos)
+	if !status.IsSuccess() {
+		return out, fmt.Errorf("GPUScheduler scores: %v", status)
 	}
-	scored := gpuscheduler.ScoresOf(state)
-	list := make(fwk.NodeScoreList, len(out.fits))
 	for i, name := range out.fits {
-		if scored.Nodes[i] != name {
+		if scored.Nodes[i] != name || list[i].Name != name {
 			return out, fmt.Errorf("GPUScheduler scored %s at %d, not %s", scored.Nodes[i], i, name)
 		}
-		s, status := c.gpu.Score(ctx, state, pod, infos[i])
-		if !status.IsSuccess() {
-			return out, fmt.Errorf("GPUScheduler Score on %s: %v", name, status)
-		}
-		list[i] = fwk.NodeScore{Name: name, Score: s}
-	}
-	if st := c.gpu.ScoreExtensions().NormalizeScore(ctx, state, pod, list); !st.IsSuccess() {
-		return out, fmt.Errorf("GPUScheduler NormalizeScore: %v", st)
 	}
 	for i := range list {
 		out.kube[i] += f.Profile.Plugins[gpuscheduler.Name] * list[i].Score
