@@ -155,6 +155,14 @@ func TestDeletedNodesAreForgotten(t *testing.T) {
 	}
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
+	// the fake client does not replay a delete to a watch started after it: wait for
+	// the informer's watch (synced means listed, not yet watching)
+	for deadline := time.Now().Add(5 * time.Second); !watching(client); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the informer never watched the nodes")
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // the action is recorded before the watch is opened
 	c.Of(gone)
 	if err := client.CoreV1().Nodes().Delete(ctx, "gone", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -170,4 +178,14 @@ func TestDeletedNodesAreForgotten(t *testing.T) {
 			t.Fatal("a deleted node's facts are still kept")
 		}
 	}
+}
+
+// watching: the fake client has been asked to watch nodes.
+func watching(client *fake.Clientset) bool {
+	for _, action := range client.Actions() {
+		if action.GetVerb() == "watch" && action.GetResource().Resource == "nodes" {
+			return true
+		}
+	}
+	return false
 }

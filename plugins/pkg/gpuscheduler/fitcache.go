@@ -7,6 +7,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/workload"
 )
@@ -15,12 +16,15 @@ import (
 // its Fit, the CPU and memory of its GPU pods, and the view the scores take of both,
 // until its NodeInfo changes or an agent's Lease comes or goes. Score runs on 16
 // goroutines at once, so the entries are split over shards, each under its own lock.
+// (Filter reads the node's facts itself: going through this cache cost it more, in
+// the locks and the checks, than Score saved in finding the entries warm.)
 // Entries are kept by Node object, a pointer (hashing the NodeInfo interface cost
 // twice as much): NodeInfo generations come from one counter for the process and a
 // clone keeps its original's, so an entry whose generation matches was read from the
 // same pods and the same Node; but kube-scheduler 1.36+ assumes a pod group's members
 // into the cycle's snapshot and puts the generation back (Snapshot.AssumePod,
-// ForgetPod), so the number of pods is compared too.
+// ForgetPod), so the number of pods, and the GPUs and GPU memory they request, are
+// compared too.
 type fitCache struct {
 	shards [fitShards]fitShard
 }
@@ -38,6 +42,7 @@ type cachedFit struct {
 	view       view // first: what NormalizeScore reads, in the entry's first lines
 	generation int64
 	pods       int
+	asked      [2]int64 // the GPUs and GPU memory its pods request (see fitCache)
 	presence   uint64
 	dra        uint64 // the DRA view's version (dra.go)
 	fit        Fit
@@ -93,17 +98,19 @@ func (c *fitCache) entry(p *GPUScheduler, info fwk.NodeInfo) *cachedFit {
 	}
 	presence, draVersion := p.heartbeats.Presence(), p.draVersion()
 	generation, pods := info.GetGeneration(), len(info.GetPods())
+	requested := info.GetRequested().GetScalarResources()
+	asked := [2]int64{requested[contract.ResourceGpu], requested[contract.ResourceGpuMemory]}
 	shard := &c.shards[(uintptr(unsafe.Pointer(node))>>7)%fitShards]
 	shard.mu.Lock()
 	defer shard.mu.Unlock()
 	e := shard.entries[node]
-	if e == nil || e.generation != generation || e.pods != pods || e.presence != presence || e.dra != draVersion {
+	if e == nil || e.generation != generation || e.pods != pods || e.asked != asked || e.presence != presence || e.dra != draVersion {
 		// Node objects gone from the snapshot (nodes changed or deleted) are dropped
 		// all at once, past twice a shard's part of the nodes the cluster holds
 		if len(shard.entries) > (2*p.cluster.Size()+1024)/fitShards {
 			clear(shard.entries)
 		}
-		e = &cachedFit{generation: generation, pods: pods, presence: presence, dra: draVersion,
+		e = &cachedFit{generation: generation, pods: pods, asked: asked, presence: presence, dra: draVersion,
 			fit: p.fit(info), used: p.cluster.Used(info)}
 		e.view = viewOf(&e.fit, e.used)
 		shard.entries[node] = e

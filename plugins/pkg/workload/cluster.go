@@ -327,15 +327,21 @@ func (c *Cluster) refresh(info fwk.NodeInfo) *seen {
 	return s
 }
 
-// Used is the CPU (millicores) and memory (MiB) a node's GPU pods request, the node
-// read again first where it changed (a candidate the last cycle placed a pod on).
+// Used is the CPU (millicores) and memory (MiB) the GPU pods of a NodeInfo request,
+// each pod read once (the figures' memo). It reads the NodeInfo as given, and only
+// reads it: a preemption's what-if, or a Filter on nominated pods, leaves the figures
+// as they were.
 func (c *Cluster) Used(info fwk.NodeInfo) [2]int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if s := c.refresh(info); s != nil && s.placed != nil {
-		return [2]int64{s.placed.CPUMilli, s.placed.RAMMiB}
+	var out [2]int64
+	for _, pod := range info.GetPods() {
+		if read := c.readPod(pod.GetPod()); read != nil {
+			out[0] += read.CPUMilli
+			out[1] += read.RAMMiB
+		}
 	}
-	return [2]int64{}
+	return out
 }
 
 // swap takes a node's old figures away and adds its new ones. The shapes change by

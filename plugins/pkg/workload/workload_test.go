@@ -10,10 +10,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/facts"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
 )
 
 func TestShapeOfRoundsUpOnTheExtendersGrid(t *testing.T) {
@@ -187,13 +189,19 @@ func TestTheClusterReadsANodeAgainWhenItsPodsOrItsDevicesChange(t *testing.T) {
 	}
 	c := NewCluster(read)
 	info := gpuNodeInfo(t, "n", whole("a", "2"))
-	if used := c.Used(info); used[0] != 1000 {
+	used := func() [2]int64 { // as the figures read the node
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		placed := c.refresh(info).placed
+		return [2]int64{placed.CPUMilli, placed.RAMMiB}
+	}
+	if used := used(); used[0] != 1000 {
 		t.Fatalf("one pod: %v", used)
 	}
 	generation := info.Generation
 	info.AddPod(whole("b", "2"))
 	info.Generation = generation // Snapshot.AssumePod puts it back
-	if used := c.Used(info); used[0] != 2000 {
+	if used := used(); used[0] != 2000 {
 		t.Fatalf("a pod assumed with the generation put back: %v", used)
 	}
 	model = "NVIDIA-H100"
@@ -203,5 +211,33 @@ func TestTheClusterReadsANodeAgainWhenItsPodsOrItsDevicesChange(t *testing.T) {
 	c.mu.Unlock()
 	if s.placed.Model != "NVIDIA-H100" {
 		t.Fatalf("a touched node whose NodeInfo did not move: %+v", s.placed)
+	}
+}
+
+// Used reads a NodeInfo as given and leaves the figures alone: a preemption's what-if
+// (the node without its victims) must not become the cluster's figures.
+func TestUsedLeavesTheFiguresAlone(t *testing.T) {
+	c := NewCluster(facts.ReadNode)
+	gpus := func(name string) *v1.Pod {
+		q := resource.MustParse("1")
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(name), ResourceVersion: "1"},
+			Spec: v1.PodSpec{Containers: []v1.Container{{Resources: v1.ResourceRequirements{
+				Requests: v1.ResourceList{v1.ResourceName(contract.ResourceGpu): q, v1.ResourceCPU: resource.MustParse("2")},
+				Limits:   v1.ResourceList{v1.ResourceName(contract.ResourceGpu): q}}}}}}
+	}
+	info := gpuNodeInfo(t, "n", gpus("a"), gpus("b"))
+	before := c.Update([]fwk.NodeInfo{info})
+	whatIf := info.Snapshot().(*framework.NodeInfo)
+	if err := whatIf.RemovePod(klog.Background(), gpus("a")); err != nil {
+		t.Fatal(err)
+	}
+	if used := c.Used(whatIf); used[0] != 2000 {
+		t.Fatalf("the what-if's pods: %v", used)
+	}
+	c.mu.Lock()
+	seen := c.byName["n"]
+	c.mu.Unlock()
+	if seen.placed.CPUMilli != 4000 || seen.info != fwk.NodeInfo(info) || len(before.Mix) == 0 {
+		t.Fatalf("the figures took the what-if: %+v", seen.placed)
 	}
 }
