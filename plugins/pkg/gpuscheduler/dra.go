@@ -285,11 +285,12 @@ func (d *draGpus) publish(old *draNodes, nodes map[string]*draNode) {
 	}
 }
 
-// claimUnits is, for a pod whose only GPU request is ResourceClaims, what they ask of
-// a shareable device (View.pod_shares): PreScore scores it as those shares, its Filter
-// having passed every node (kube-scheduler allocates the claims).
+// claimUnits is, for a pod that asks no gpu-memory shares of its own and has
+// ResourceClaims, what they ask of a shareable device (View.pod_shares): the scores
+// take it as those shares, beside any whole GPUs it asks, its Filter having checked
+// the whole GPUs only (kube-scheduler allocates the claims).
 func (p *GPUScheduler) claimUnits(pod *v1.Pod, read *facts.Pod) []int64 {
-	if p.dra == nil || read.Gpus > 0 || len(read.Shares) > 0 || len(pod.Spec.ResourceClaims) == 0 {
+	if p.dra == nil || len(read.Shares) > 0 || len(pod.Spec.ResourceClaims) == 0 {
 		return nil
 	}
 	var units []int64
@@ -321,8 +322,8 @@ func sameNode(a, b *dra.Node) bool {
 	return true
 }
 
-// claimState is the cycle's state with a claim-only pod's claims as its shares
-// (claimUnits); the state itself where they ask nothing.
+// claimState is the cycle's state with the pod's claims as its shares (claimUnits);
+// the state itself where they ask nothing.
 func (p *GPUScheduler) claimState(s *state, pod *v1.Pod) *state {
 	units := p.claimUnits(pod, s.pod)
 	if len(units) == 0 {

@@ -3,6 +3,7 @@ package gpuscheduler
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -196,6 +197,17 @@ func TestAClaimOnlyPodIsScoredAsItsShare(t *testing.T) {
 	fit := p.fit(nodes[1])
 	if fit.Used != 1 || len(fit.Gpus) != 1 || fit.Gpus[0].Free != 20 || fit.Gpus[0].WholeFree {
 		t.Fatalf("busy's device: used %d gpus %+v", fit.Used, fit.Gpus)
+	}
+	// a pod asking a whole GPU beside the claim is scored as both, as the extender's
+	// View.pod_shares reads it, and keeps its scarcity score (it asks GPUs of its own)
+	both := pod("1", "")
+	both.Spec.ResourceClaims = asking.Spec.ResourceClaims
+	s := p.claimState(p.read(both), both)
+	if !s.claimed || s.pod.Gpus != 1 || !slices.Equal(s.pod.Shares, []int64{20}) || !scoresScarcity(s) {
+		t.Fatalf("whole GPU and a claim: %+v %+v", s, s.pod)
+	}
+	if scoresScarcity(p.claimState(p.read(asking), asking)) {
+		t.Fatal("a claim-only pod would get a scarcity score")
 	}
 }
 

@@ -143,7 +143,7 @@ func (p *GPUScheduler) NormalizeScore(_ context.Context, cs fwk.CycleState, _ *v
 		out.Parts["gpu"] = score.Stretch(raw)
 	}
 	if figures := pre.figures; figures != nil {
-		if weights["scarcity"] > 0 && s.pod.Products == nil && !s.claimed {
+		if weights["scarcity"] > 0 && scoresScarcity(s) {
 			if part := scarcity(figures.Pressure, entries); part != nil {
 				out.Parts["scarcity"] = part
 			}
@@ -163,6 +163,13 @@ func (p *GPUScheduler) NormalizeScore(_ context.Context, cs fwk.CycleState, _ *v
 	}
 	cs.Write(scoredKey, out)
 	return nil
+}
+
+// scoresScarcity: the scarcity score has something to say of the pod, as the
+// extender's asks it (extender/policies/scarcity.py): one not restricted to products
+// that asks GPUs or shares of its own (claims alone do not count).
+func scoresScarcity(s *state) bool {
+	return s.pod.Products == nil && (!s.claimed || s.pod.Gpus > 0)
 }
 
 // reread is a node's entry read again from the snapshot by name (nil: gone, or no
