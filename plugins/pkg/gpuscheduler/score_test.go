@@ -3,6 +3,7 @@ package gpuscheduler
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -155,5 +156,44 @@ func TestTheRingHoldsATicketUntilItsSlotIsTaken(t *testing.T) {
 	r.put(b)
 	if r.get(ta) != nil {
 		t.Fatal("a ticket whose slot was taken still answered")
+	}
+}
+
+// kube-scheduler calls Score on 16 goroutines at once: the tickets they answer lead
+// to the same scores as one goroutine's (run under -race, this also checks the cache's
+// and the ring's locking).
+func TestScoreOnManyGoroutinesAtOnce(t *testing.T) {
+	p, infos := batchCluster(t)
+	ctx := context.Background()
+	asking := pod("1", "")
+	_, want, status := p.ScoreAll(ctx, framework.NewCycleState(), asking, infos)
+	if !status.IsSuccess() {
+		t.Fatal(status)
+	}
+	for range 20 {
+		for _, info := range infos { // a new generation each round: the entries are read again
+			info.(*framework.NodeInfo).SetNode(info.Node())
+		}
+		state := framework.NewCycleState()
+		if status := p.PreScore(ctx, state, asking, infos); !status.IsSuccess() {
+			t.Fatal(status)
+		}
+		list := make(fwk.NodeScoreList, len(infos))
+		var wg sync.WaitGroup
+		for i, info := range infos {
+			wg.Go(func() {
+				ticket, _ := p.Score(ctx, state, asking, info)
+				list[i] = fwk.NodeScore{Name: info.Node().Name, Score: ticket}
+			})
+		}
+		wg.Wait()
+		if status := p.NormalizeScore(ctx, state, asking, list); !status.IsSuccess() {
+			t.Fatal(status)
+		}
+		for i := range want {
+			if list[i] != want[i] {
+				t.Fatalf("on many goroutines %v, on one %v", list, want)
+			}
+		}
 	}
 }
