@@ -109,10 +109,7 @@ func TestALostTicketIsReadAgainByName(t *testing.T) {
 	p, infos := batchCluster(t)
 	ctx := context.Background()
 	asking := pod("2", "")
-	_, want, status := p.ScoreAll(ctx, framework.NewCycleState(), asking, infos)
-	if !status.IsSuccess() {
-		t.Fatal(status)
-	}
+	want := wholeCycle(t, p, asking, infos)
 	lost := framework.NewCycleState()
 	if status := p.PreScore(ctx, lost, asking, infos); !status.IsSuccess() {
 		t.Fatal(status)
@@ -166,10 +163,7 @@ func TestScoreOnManyGoroutinesAtOnce(t *testing.T) {
 	p, infos := batchCluster(t)
 	ctx := context.Background()
 	asking := pod("1", "")
-	_, want, status := p.ScoreAll(ctx, framework.NewCycleState(), asking, infos)
-	if !status.IsSuccess() {
-		t.Fatal(status)
-	}
+	want := wholeCycle(t, p, asking, infos)
 	for range 20 {
 		for _, info := range infos { // a new generation each round: the entries are read again
 			info.(*framework.NodeInfo).SetNode(info.Node())
@@ -196,4 +190,15 @@ func TestScoreOnManyGoroutinesAtOnce(t *testing.T) {
 			}
 		}
 	}
+}
+
+// wholeCycle is the scores of one whole cycle over the nodes (the reference the
+// batching and the concurrent Score are held to).
+func wholeCycle(t *testing.T, p *GPUScheduler, asking *v1.Pod, infos []fwk.NodeInfo) fwk.NodeScoreList {
+	t.Helper()
+	_, list, status := p.ScoreAll(context.Background(), framework.NewCycleState(), asking, infos)
+	if !status.IsSuccess() {
+		t.Fatal(status)
+	}
+	return list
 }
