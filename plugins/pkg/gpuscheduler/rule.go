@@ -134,14 +134,9 @@ func Words(pod *facts.Pod, f Fit, code int) string {
 // Unresolvable: no change in the cluster's load heals the code.
 func Unresolvable(code int) bool { return contract.GpuUnresolvable[code] }
 
-// Raw is the gpu score before normalisation (higher is better): binpack leaves the
-// fewest GPUs free, spread the most; a CPU pod prefers nodes without GPUs.
-func Raw(pod *facts.Pod, f Fit, spread bool) float64 {
-	v := viewOf(&f, [2]int64{})
-	return rawOf(pod, &v, f.Gpus, spread)
-}
-
-// rawOf is Raw from a node's view (and its GPUs, for a pod asking shares).
+// rawOf is the gpu score before normalisation (higher is better), from a node's view
+// (and its GPUs, for a pod asking shares): binpack leaves the fewest GPUs free, spread
+// the most; a CPU pod prefers nodes without GPUs.
 func rawOf(pod *facts.Pod, v *view, gpus []sharing.Gpu, spread bool) float64 {
 	switch {
 	case len(pod.Shares) > 0:
