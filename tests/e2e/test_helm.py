@@ -110,6 +110,17 @@ def test_helm_template_equals_kubectl_kustomize(control_plane_binary, helm_binar
         assert chart[key] == obj, key
 
 
+def test_kubectl_delete_k_removes_the_webhook_configuration_first(control_plane_binary):
+    # kubectl deletes in the order kustomize builds; kustomize's own order puts webhook
+    # configurations last, after the Service an armed webhook is called through.
+    built = yaml.safe_load_all(
+        _run(control_plane_binary, "kubectl", "kustomize", str(ROOT / "deploy"))
+    )
+    kinds = [obj["kind"] for obj in built]
+    assert kinds[0] == "MutatingWebhookConfiguration", kinds
+    assert kinds.index("Namespace") == 1, kinds
+
+
 @pytest.mark.parametrize(
     "values, picks",
     [

@@ -805,6 +805,10 @@ def kustomize_overlay(work: Path, image: str) -> Path:
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": [os.path.relpath(ROOT / "deploy", folder)],
+        # kustomize reads sortOptions only where it builds: an overlay copies the base's
+        "sortOptions": yaml.safe_load((ROOT / "deploy" / "kustomization.yaml").read_text())[
+            "sortOptions"
+        ],
         "components": [os.path.relpath(ROOT / "deploy" / "agent" / "capacity", folder)],
         "images": [{"name": "ghcr.io/gpu-scheduler/gpu-scheduler", "newName": name, "newTag": tag}],
         "patches": [
