@@ -10,9 +10,9 @@ The lab runs no kube-proxy: a TCP proxy of the test's (tests/e2e/faults.py) stan
 for the Service, routing new connections by that rule, in front of two extender
 processes with the install's TLS; kube-scheduler calls the proxy. While a gang of four
 4-GPU pods is placed, every idle connection is closed every 20 ms, so kube-scheduler
-reconnects between calls: the gang still fills two 8-GPU nodes, not four, and every
-connection went to one replica. Then that replica stops, and the next gang is placed
-by the other.
+reconnects between calls (another gang is placed until it did so within one gang): the
+gang still fills two 8-GPU nodes, not four, and every connection went to one replica.
+Then that replica stops, and the next gang is placed by the other.
 
 Upstream PodGroups: Kubernetes 1.37 with GenericWorkload (skipped below).
 """
@@ -54,8 +54,6 @@ def test_a_gang_packs_across_reconnects_on_one_replica_and_fails_over(
     stack, namespace, upstream_gangs
 ):
     service: Proxy = stack.service
-    case = unique("replicas")
-    empty = nodes(stack, case, 4)
     before = dict(service.reached)
     stop = threading.Event()
 
@@ -63,18 +61,29 @@ def test_a_gang_packs_across_reconnects_on_one_replica_and_fails_over(
         while not stop.wait(0.02):
             service.reset_idle()
 
+    # kube-scheduler calls a gang's members back to back; on a loaded machine the
+    # closer may find no idle moment in one gang, so up to four gangs, until one
+    # reconnected. Every gang must pack, and every connection reach one replica.
     closer = threading.Thread(target=force_close, daemon=True)
     closer.start()
+    reconnected = False
     try:
-        used = gang_of_four(stack, namespace, upstream_gangs, case)
+        for gangs in range(1, 5):
+            case = unique("replicas")
+            empty = nodes(stack, case, 4)
+            ahead = sum(service.reached.values())
+            used = gang_of_four(stack, namespace, upstream_gangs, case, already=4 * (gangs - 1))
+            assert len(used) == 2 and used <= set(empty), used
+            reconnected = sum(service.reached.values()) - ahead >= 2
+            if reconnected:
+                break
     finally:
         stop.set()
         closer.join(5)
     reached = {port: n - before[port] for port, n in service.reached.items()}
-    print(f"connections per replica while the gang was placed: {reached}")
-    assert len(used) == 2 and used <= set(empty), used
+    print(f"connections per replica while {gangs} gang(s) were placed: {reached}")
     assert sorted(reached.values())[0] == 0, f"both replicas were called: {reached}"
-    assert sum(reached.values()) >= 2, f"kube-scheduler never reconnected: {reached}"
+    assert reconnected, f"kube-scheduler never reconnected within a gang: {reached}"
     # The replica that answered goes away: the other takes the next gang.
     (answered,) = [port for port, n in reached.items() if n]
     name = "extender" if answered == stack.extender_port else "extender-b"
@@ -83,7 +92,7 @@ def test_a_gang_packs_across_reconnects_on_one_replica_and_fails_over(
     case = unique("failover")
     empty = nodes(stack, case, 4)
     before = dict(service.reached)
-    used = gang_of_four(stack, namespace, upstream_gangs, case, already=4)
+    used = gang_of_four(stack, namespace, upstream_gangs, case, already=4 * gangs)
     assert len(used) == 2 and used <= set(empty), used
     (other,) = set(service.reached) - {answered}
     assert service.reached[other] > before[other]
