@@ -11,7 +11,10 @@ kube-scheduler would, and must give the same answers.
 
 The clusters are random but seeded: the same arguments give the same file. Some
 nodes share their GPUs (the agent's annotations, its report of what each pod holds)
-and some pods ask shares; no node is a DRA driver's: that rule is not in the plugins.
+and some pods ask shares. No node is a DRA driver's: the plugins read DRA GPUs from
+kube-scheduler's own DRA state, which these cases do not build; the DRA scenarios of
+tests/e2e/test_gpu_stack.py run on both paths, and each side's unit tests hold the
+same reading of slices (tests/unit/test_dra.py, plugins/pkg/dra).
 """
 
 from __future__ import annotations

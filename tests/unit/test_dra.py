@@ -248,6 +248,22 @@ def test_claims_and_slices_come_and_go():
     assert cache.view().nodes["dra-l4"].allocatable == 0
 
 
+def test_a_pools_generation_is_taken_per_node():
+    """One pool over two nodes, one node's slice already republished: the other keeps
+    its devices, as upstream's allocator gathers only a node's own slices (GatherPools).
+    The plugins take it alike (plugins/pkg/dra, TestAPoolsGenerationIsTakenPerNode)."""
+    cache = dra_cache()
+    slices = [
+        resource_slice("dra-h100", [gpu_device(i) for i in range(8)], generation=1),
+        resource_slice("dra-l4", [gpu_device(i, "NVIDIA L4", 23034) for i in range(4)], 2),
+    ]
+    for obj in slices:
+        obj["spec"]["pool"]["name"] = "rack"
+    cache.replace_slices(slices)
+    nodes = cache.view().nodes
+    assert (nodes["dra-h100"].allocatable, nodes["dra-l4"].allocatable) == (8, 4)
+
+
 def test_a_dra_node_keeps_what_its_node_says_besides_the_gpus():
     """The devices give a DRA node its GPU facts; its CPU and memory (fragmentation
     reads them), its PreferNoSchedule taints (the preemption tiers and the pick read

@@ -137,24 +137,28 @@ func clip(text string, limit int) string {
 	return text
 }
 
-// NodeGpus is each node's devices of the class over all slices: of each pool only its
-// newest generation (older slices are on their way out), in device-name order.
+// NodeGpus is each node's devices of the class over all slices: of each pool only the
+// newest generation among the slices with devices on that node (older ones are on their
+// way out), in device-name order. Per node, as the extender's index takes it and as
+// upstream's allocator gathers a node's pools: a pool whose slices on another node moved
+// on first does not empty this one.
 func NodeGpus(slices []Slice) map[string][]Gpu {
-	type pool struct{ driver, name string }
+	type pool struct{ node, driver, name string }
 	newest := map[pool]int64{}
 	for _, s := range slices {
-		key := pool{s.Driver, s.Pool}
-		if g, ok := newest[key]; !ok || s.Generation > g {
-			newest[key] = s.Generation
+		for node := range s.Nodes {
+			key := pool{node, s.Driver, s.Pool}
+			if g, ok := newest[key]; !ok || s.Generation > g {
+				newest[key] = s.Generation
+			}
 		}
 	}
 	out := map[string][]Gpu{}
 	for _, s := range slices {
-		if s.Generation != newest[pool{s.Driver, s.Pool}] {
-			continue
-		}
 		for node, gpus := range s.Nodes {
-			out[node] = append(out[node], gpus...)
+			if s.Generation == newest[pool{node, s.Driver, s.Pool}] {
+				out[node] = append(out[node], gpus...)
+			}
 		}
 	}
 	for _, gpus := range out {

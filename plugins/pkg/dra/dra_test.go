@@ -114,6 +114,20 @@ func TestOnlyTheNewestGenerationOfAPoolAndOnlyNodeLocalDevices(t *testing.T) {
 	}
 }
 
+func TestAPoolsGenerationIsTakenPerNode(t *testing.T) {
+	// One pool over two nodes, n2's slice already republished: n1 keeps its devices,
+	// as the extender's index (extender/dra_index.py) and upstream's GatherPools, which
+	// gathers only the slices for the node, take them.
+	all := func(string, *resourceapi.Device) bool { return true }
+	first := slice("n1", 1, device("gpu-a", "gpu", "NVIDIA L4", "1Gi"))
+	second := slice("n2", 2, device("gpu-b", "gpu", "NVIDIA L4", "1Gi"))
+	first.Spec.Pool.Name, second.Spec.Pool.Name = "rack", "rack"
+	nodes := NodeGpus([]Slice{ReadSlice(first, all), ReadSlice(second, all)})
+	if len(nodes["n1"]) != 1 || len(nodes["n2"]) != 1 {
+		t.Fatalf("nodes %v, want one GPU on each", nodes)
+	}
+}
+
 func TestANodesFactsComeFromItsLeastDevice(t *testing.T) {
 	gpus := []Gpu{
 		{ID: DeviceID{driver, "n", "gpu-0"}, Product: "NVIDIA-H100-80GB-HBM3", MemoryMiB: 81559},
