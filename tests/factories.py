@@ -1,10 +1,12 @@
-"""Node and Pod objects in their JSON form, as kube-scheduler sends them."""
+"""Node and Pod objects in their JSON form, as kube-scheduler sends them; the DRA
+objects (DeviceClass, ResourceSlice, ResourceClaim) as the NVIDIA DRA driver and
+kube-scheduler write them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpu_scheduler import contract
+from gpu_scheduler import contract, dra
 from lab.kubelet_shim import node_object
 
 
@@ -133,3 +135,90 @@ def admission_review(obj: Any, **request: Any) -> dict[str, Any]:
         **request,
     }
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}
+
+
+# --- DRA ---------------------------------------------------------------------------------
+
+GPU_SELECTOR = (
+    "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+)
+
+
+def device_class(
+    name: str = "gpu.nvidia.com",
+    resource: str | None = contract.RESOURCE_GPU,
+    selector: str = GPU_SELECTOR,
+    created: str = "2026-11-01T00:00:00Z",
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"selectors": [{"cel": {"expression": selector}}]}
+    if resource:
+        spec["extendedResourceName"] = resource
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name, "creationTimestamp": created},
+        "spec": spec,
+    }
+
+
+def gpu_device(i: int, product: str = "NVIDIA H100 80GB HBM3", mib: int = 81559, **extra: Any):
+    return {
+        "name": f"gpu-{i}",
+        "attributes": {
+            "type": {"string": extra.pop("type", "gpu")},
+            "uuid": {"string": f"GPU-{i:04d}"},
+            "productName": {"string": product},
+            "architecture": {"string": "Hopper"},
+            "cudaComputeCapability": {"version": "9.0.0"},
+            "resource.kubernetes.io/pciBusID": {"string": f"0000:{i:02x}:00.0"},
+        },
+        "capacity": {"memory": {"value": f"{mib}Mi"}},
+    }
+
+
+def resource_slice(node: str, devices: list[dict[str, Any]], generation: int = 1) -> dict:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-gpu.nvidia.com-{generation}"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+def claim(
+    name: str, node: str, devices: list[str], extended: bool = True, pool: str | None = None
+) -> dict:
+    """An allocated ResourceClaim holding ``devices`` of ``pool`` (the node's own by
+    default)."""
+    annotations = {dra.ANN_EXTENDED_RESOURCE_CLAIM: "true"} if extended else {}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": f"uid-{name}",
+            "annotations": annotations,
+        },
+        "spec": {"devices": {"requests": [{"name": "container-0-request-0"}]}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "container-0-request-0",
+                            "driver": "gpu.nvidia.com",
+                            "pool": pool or node,
+                            "device": d,
+                        }
+                        for d in devices
+                    ]
+                }
+            }
+        },
+    }

@@ -11,10 +11,9 @@ kube-scheduler would, and must give the same answers.
 
 The clusters are random but seeded: the same arguments give the same file. Some
 nodes share their GPUs (the agent's annotations, its report of what each pod holds)
-and some pods ask shares. No node is a DRA driver's: the plugins read DRA GPUs from
-kube-scheduler's own DRA state, which these cases do not build; the DRA scenarios of
-tests/e2e/test_gpu_stack.py run on both paths, and each side's unit tests hold the
-same reading of slices (tests/unit/test_dra.py, plugins/pkg/dra).
+and some pods ask shares. In some clusters a DRA driver publishes the GPUs of some
+nodes (DeviceClasses, ResourceSlices, allocated ResourceClaims): the extender lists
+them from the fake API, the Go suite serves them as kube-scheduler's DRA state.
 """
 
 from __future__ import annotations
@@ -33,8 +32,15 @@ from extender.model import pod_facts
 from extender.policies import build_policies
 from gpu_scheduler import contract
 from gpu_scheduler.timestamps import rfc3339_micro
-from tests.factories import make_lease
-from tests.fakeapi import synced_cache
+from tests.factories import (
+    GPU_SELECTOR,
+    claim,
+    device_class,
+    gpu_device,
+    make_lease,
+    resource_slice,
+)
+from tests.fakeapi import FakeListWatch, synced_cache
 
 NOW = 1_800_000_000.0
 #: The policies the plugins hold: filters (gpu, spot, heartbeat) and scores (gpu,
@@ -281,9 +287,85 @@ def _report(rng: random.Random, node: dict[str, Any], pods: list[dict[str, Any]]
     node["metadata"]["annotations"][contract.ANN_GPU_SHARES] = json.dumps(report)
 
 
+#: What a DRA driver's GPUs are: product name as the driver writes it, memory in MiB.
+DRA_PRODUCTS = (("NVIDIA H100 80GB HBM3", 81559), ("NVIDIA L4", 23034),
+                ("NVIDIA A100-SXM4-40GB", 40960))  # fmt: skip
+DEVICE_TAINTS = (
+    {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"},
+    {"key": "example.com/drain", "value": "soon", "effect": "NoExecute"},
+)
+
+
+def dra(rng: random.Random, index: int, nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A DRA driver's GPUs on some of ``nodes`` (changed in place: most no longer
+    advertise nvidia.com/gpu, so their devices decide): devices of other types, sick
+    ones (device taints), odd memory, a pool republished (an older generation still
+    listed), a pool over two nodes, claims holding some devices or ones that do not
+    exist; and the class that maps nvidia.com/gpu, sometimes none, a broken selector, or
+    a newer class selecting other devices."""
+    chosen = rng.sample(nodes, rng.randrange(1, min(4, len(nodes)) + 1))
+    shared_pool = f"rack-{index}" if rng.random() < 0.2 else None
+    slices: list[dict[str, Any]] = []
+    claims: list[dict[str, Any]] = []
+    for k, node in enumerate(chosen):
+        name = node["metadata"]["name"]
+        if rng.random() < 0.9:  # else a device plugin's node with slices too: its own wins
+            for table in (node["status"]["allocatable"], node["status"]["capacity"]):
+                table.pop(contract.RESOURCE_GPU, None)
+                table.pop(contract.RESOURCE_GPU_MEMORY, None)
+        if rng.random() < 0.7:
+            node["metadata"]["annotations"].pop(contract.ANN_GPUS, None)
+            node["metadata"]["annotations"].pop(contract.ANN_GPU_SHARES, None)
+        product, mib = rng.choice(DRA_PRODUCTS)
+        pool = shared_pool if shared_pool and k < 2 else name
+        # A device's name is unique in its pool (the API's rule): a pool over nodes
+        # names them by node.
+        prefix = f"{name}-" if pool != name else ""
+        devices = []
+        for i in range(rng.choice((1, 2, 4, 8, 8))):
+            device = gpu_device(i, product, mib if rng.random() < 0.9 else 16384)
+            device["name"] = prefix + device["name"]
+            if rng.random() < 0.1:
+                device["attributes"]["type"] = {"string": "mig"}
+            if rng.random() < 0.12:
+                device["taints"] = [rng.choice(DEVICE_TAINTS)]
+            if rng.random() < 0.05:
+                del device["capacity"]
+            devices.append(device)
+        generation = rng.choice((1, 1, 2))
+        published = [(generation, devices)]
+        if generation == 2 and rng.random() < 0.5:  # the older generation, on its way out
+            older = [gpu_device(i, product, mib) for i in range(rng.choice((1, 8)))]
+            for device in older:
+                device["name"] = prefix + device["name"]
+            published.append((1, older))
+        for gen, listed in published:
+            obj = resource_slice(name, listed, gen)
+            obj["metadata"]["name"] = f"{name}-{pool}-{gen}"
+            obj["spec"]["pool"]["name"] = pool
+            slices.append(obj)
+        held = [d["name"] for d in devices if rng.random() < 0.3]
+        if rng.random() < 0.05:
+            held.append(f"{prefix}gpu-99")
+        if held:
+            extended = rng.random() < 0.7
+            claims.append(claim(f"c{index}-{k}", name, held, extended=extended, pool=pool))
+    classes = [device_class()]
+    odd = rng.random()
+    if odd < 0.05:
+        classes = [device_class(resource=None)]
+    elif odd < 0.1:
+        classes = [device_class(selector="device.driver ==")]
+    elif odd < 0.15:
+        newer = GPU_SELECTOR.replace("'gpu'", "'mig'")
+        classes.append(device_class("b.example", created="2026-12-01T00:00:00Z", selector=newer))
+    return {"classes": classes, "slices": slices, "claims": claims}
+
+
 def cluster(rng: random.Random, index: int) -> dict[str, Any]:
     names = [f"n{index}-{k}" for k in range(rng.randrange(3, 11))]
     nodes = [node(rng, name) for name in names]
+    driver = dra(rng, index, nodes) if rng.random() < 0.3 else None
     groups = [f"job-{index}-{k}" for k in range(2)]
     bound = []
     for k in range(rng.randrange(0, 14)):
@@ -299,7 +381,7 @@ def cluster(rng: random.Random, index: int) -> dict[str, Any]:
             age = rng.choice((None, 10.0, 60.0, 899.0, 901.0, 3600.0))
             leases[name] = None if age is None else NOW - age
     placement = rng.choice(("binpack", "spread"))
-    return {"nodes": nodes, "pods": bound, "leases": leases, "groups": groups,
+    return {"nodes": nodes, "pods": bound, "leases": leases, "groups": groups, "dra": driver,
             "config": {"defaultPlacement": placement, "heartbeatWindowSeconds": 900.0}}  # fmt: skip
 
 
@@ -308,7 +390,7 @@ def decide(world: dict[str, Any], pods: list[dict[str, Any]]) -> list[dict[str, 
     from the explicit fake API) and engine, at a clock that does not move."""
     cfg = ExtenderConfig(default_placement=world["config"]["defaultPlacement"])
     policies = build_policies(cfg)
-    cache = synced_cache(world["nodes"], world["pods"], clock=lambda: NOW)
+    cache = synced_cache(world["nodes"], world["pods"], resource=_served(world), clock=lambda: NOW)
     try:
         cache.replace_leases([lease(n, r) for n, r in world["leases"].items()])
         view = cache.view()
@@ -334,6 +416,20 @@ def decide(world: dict[str, Any], pods: list[dict[str, Any]]) -> list[dict[str, 
         return out
     finally:
         cache.stop()
+
+
+class _DraApi:
+    """The resource.k8s.io lists the extender's cache reads, from a world's objects."""
+
+    def __init__(self, objects: dict[str, Any]) -> None:
+        self.list_device_class = FakeListWatch(objects["classes"])
+        self.list_resource_slice = FakeListWatch(objects["slices"])
+        self.list_resource_claim_for_all_namespaces = FakeListWatch(objects["claims"])
+        self.list_device_taint_rule = FakeListWatch()
+
+
+def _served(world: dict[str, Any]) -> _DraApi | None:
+    return _DraApi(world["dra"]) if world.get("dra") else None
 
 
 def generate(clusters: int = 60, pods_per_cluster: int = 40, seed: int = 1) -> dict[str, Any]:

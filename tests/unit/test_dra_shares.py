@@ -11,9 +11,8 @@ from extender.config import ExtenderConfig
 from extender.model import pod_facts
 from extender.policies import build_policies
 from gpu_scheduler import dra
-from tests.factories import make_node, make_pod
+from tests.factories import device_class, gpu_device, make_node, make_pod, resource_slice
 from tests.helpers import score_nodes
-from tests.unit.test_dra import device_class, gpu_device, resource_slice
 
 
 def shared_device(i: int, gib: int = 80) -> dict[str, Any]:

@@ -158,7 +158,7 @@ def test_gpus_in_use_and_sick_ones_both_count():
 
 # --- DRA: a device with a blocking taint (KEP-5055) is not offered -----------------------
 def tainted_device(i, effect="NoSchedule"):
-    from tests.unit.test_dra import gpu_device
+    from tests.factories import gpu_device
 
     device = gpu_device(i)
     device["taints"] = [
@@ -170,7 +170,7 @@ def tainted_device(i, effect="NoSchedule"):
 
 def dra_cache(devices, claims=()):
     from extender.cache import ClusterCache
-    from tests.unit.test_dra import claim, device_class, resource_slice
+    from tests.factories import claim, device_class, resource_slice
 
     cache = ClusterCache(clock=lambda: NOW)
     cache.replace_nodes([make_node("dra")])
@@ -182,7 +182,7 @@ def dra_cache(devices, claims=()):
 
 
 def test_a_tainted_dra_device_is_not_offered_and_the_reason_names_it():
-    from tests.unit.test_dra import gpu_device
+    from tests.factories import gpu_device
 
     devices = [gpu_device(0), gpu_device(1), tainted_device(2, "NoExecute"), gpu_device(3)]
     cache = dra_cache(devices)
@@ -192,7 +192,7 @@ def test_a_tainted_dra_device_is_not_offered_and_the_reason_names_it():
     assert "gpu.nvidia.com/unhealthy=xid-79:NoExecute" in reason and "note" not in reason
     assert decide(cache, 3)[0].passed == ["dra"]
     assert cache.view().free["dra"][0] == 3
-    from tests.unit.test_dra import claim
+    from tests.factories import claim
 
     cache.claim_event("ADDED", claim("late", "dra", ["gpu-2"]))  # a claim on it: no change
     assert cache.view().free["dra"][0] == 3
@@ -203,7 +203,7 @@ def test_a_tainted_dra_device_is_not_offered_and_the_reason_names_it():
 def test_a_claim_on_a_tainted_device_does_not_count_twice():
     """The tainted device is out of the pool whether or not a claim holds it: the three
     others minus the one a claim holds are free."""
-    from tests.unit.test_dra import gpu_device
+    from tests.factories import gpu_device
 
     devices = [gpu_device(0), gpu_device(1), tainted_device(2), gpu_device(3)]
     cache = dra_cache(devices, [("c1", ["gpu-2"]), ("c2", ["gpu-0"])])
@@ -214,7 +214,7 @@ def test_a_claim_on_a_tainted_device_does_not_count_twice():
 
 
 def test_a_device_taint_rule_takes_its_devices_out_and_deleting_it_gives_them_back():
-    from tests.unit.test_dra import gpu_device
+    from tests.factories import gpu_device
 
     cache = dra_cache([gpu_device(i) for i in range(4)])
     rule = {

@@ -239,8 +239,8 @@ def test_a_client_of_its_own_that_urllib3_does_not_retry():
 def test_a_dra_device_taint_cleared_behind_the_watch_is_read_again():
     """A node of 4 DRA GPUs, one tainted NoSchedule (the driver's health check); the
     driver clears the taint and the slice watch has not said so."""
+    from tests.factories import device_class, gpu_device, resource_slice
     from tests.fakeapi import FakeListWatch
-    from tests.unit.test_dra import device_class, gpu_device, resource_slice
 
     sick = [gpu_device(i, "NVIDIA L4", 23034) for i in range(4)]
     sick[1]["taints"] = [
@@ -274,8 +274,8 @@ def test_a_dra_device_taint_cleared_behind_the_watch_is_read_again():
 def test_a_slice_that_spans_nodes_is_left_alone():
     """perDeviceNodeSelection: each device names its node and the slice none, so no
     node's list returns it; its absence from one node's list says nothing."""
+    from tests.factories import device_class, gpu_device, resource_slice
     from tests.fakeapi import FakeListWatch
-    from tests.unit.test_dra import device_class, gpu_device, resource_slice
 
     spanning = resource_slice("d1", [])
     del spanning["spec"]["nodeName"]

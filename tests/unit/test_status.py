@@ -9,8 +9,15 @@ from extender.status import COLUMNS, inventory_rows
 from gpu_scheduler import contract
 from gpu_scheduler.table import render_table
 from lab.demo import NODES, SHARE, inventory, pod_manifest, why
-from tests.factories import make_lease, make_node, make_pod
-from tests.unit.test_dra import claim, device_class, gpu_device, resource_slice
+from tests.factories import (
+    claim,
+    device_class,
+    gpu_device,
+    make_lease,
+    make_node,
+    make_pod,
+    resource_slice,
+)
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 

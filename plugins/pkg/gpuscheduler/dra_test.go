@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/contract"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/test/fakedra"
 )
 
 func gpuClass() *resourceapi.DeviceClass {
@@ -81,13 +82,13 @@ func filterOn(t *testing.T, p *GPUScheduler, asking *v1.Pod, info fwk.NodeInfo) 
 // use; the pods' nvidia.com/gpu requests, which NodeInfo counts too, are not counted
 // again. A node whose device plugin advertises nvidia.com/gpu keeps its own facts.
 func TestADraNodeIsServedFromItsDevices(t *testing.T) {
-	extendedResources(t)
+	fakedra.ExtendedResources(t)
 	slice := gpuSlice("dra-h100", "NVIDIA H100 80GB HBM3", "81559Mi", 8)
 	slice.Spec.Devices[7].Taints = []resourceapi.DeviceTaint{
 		{Key: "gpu.nvidia.com/unhealthy", Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoSchedule}}
-	manager := &fakeDRA{classes: []*resourceapi.DeviceClass{gpuClass()},
-		slices: []*resourceapi.ResourceSlice{slice, gpuSlice("dp", "NVIDIA L4", "23034Mi", 4)},
-		claims: []*resourceapi.ResourceClaim{allocated("first", "dra-h100", "gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4")}}
+	manager := &fakedra.Manager{Classes: []*resourceapi.DeviceClass{gpuClass()},
+		Slices: []*resourceapi.ResourceSlice{slice, gpuSlice("dp", "NVIDIA L4", "23034Mi", 4)},
+		Claims: []*resourceapi.ResourceClaim{allocated("first", "dra-h100", "gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4")}}
 	p := plugin(t).WithDRA(manager)
 	first := pod("5", "") // as kube-scheduler's NodeInfo holds it: its request counted there
 	first.Name, first.UID = "first", types.UID("uid-first")
@@ -123,7 +124,7 @@ func TestADraNodeIsServedFromItsDevices(t *testing.T) {
 	}
 
 	// the claim gives its devices back: the next cycle counts them free
-	manager.claims = nil
+	manager.Claims = nil
 	if status := filterOn(t, p, pod("7", ""), info); !status.IsSuccess() {
 		t.Errorf("7 GPUs once the claim is gone: %v", status)
 	}
@@ -141,7 +142,7 @@ func TestADraNodeIsServedFromItsDevices(t *testing.T) {
 	}
 
 	// no class serves nvidia.com/gpu: the DRA node has no GPUs at all
-	manager.classes = nil
+	manager.Classes = nil
 	if status := filterOn(t, p, pod("1", ""), info); status.Code() != fwk.UnschedulableAndUnresolvable ||
 		status.Message() != fmt.Sprintf("node has no GPUs (no allocatable %s)", contract.ResourceGpu) {
 		t.Errorf("without the class: %v", status)
@@ -152,7 +153,7 @@ func TestADraNodeIsServedFromItsDevices(t *testing.T) {
 // every node (kube-scheduler allocates the claim) and is scored as that share: best
 // fit puts it beside the claim that left the least room.
 func TestAClaimOnlyPodIsScoredAsItsShare(t *testing.T) {
-	extendedResources(t)
+	fakedra.ExtendedResources(t)
 	shared := func(node string) *resourceapi.ResourceSlice {
 		s := gpuSlice(node, "NVIDIA H100 80GB HBM3", "80Gi", 1)
 		s.Spec.Devices[0].AllowMultipleAllocations = ptr.To(true)
@@ -167,9 +168,9 @@ func TestAClaimOnlyPodIsScoredAsItsShare(t *testing.T) {
 			Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.nvidia.com",
 				Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
 					"memory": resource.MustParse("20Gi")}}}}}}}}
-	manager := &fakeDRA{classes: []*resourceapi.DeviceClass{gpuClass()},
-		slices: []*resourceapi.ResourceSlice{shared("busy"), shared("idle")},
-		claims: []*resourceapi.ResourceClaim{big, small}}
+	manager := &fakedra.Manager{Classes: []*resourceapi.DeviceClass{gpuClass()},
+		Slices: []*resourceapi.ResourceSlice{shared("busy"), shared("idle")},
+		Claims: []*resourceapi.ResourceClaim{big, small}}
 	p := plugin(t).WithDRA(manager)
 	var nodes []fwk.NodeInfo
 	for _, name := range []string{"idle", "busy"} {
@@ -247,16 +248,16 @@ func TestAClaimGivingItsDevicesBackQueuesThePod(t *testing.T) {
 // A new class serving nvidia.com/gpu while no slice is left: the last class's devices
 // are not kept.
 func TestANewClassWithNoSlicesLeavesNoDevices(t *testing.T) {
-	extendedResources(t)
-	manager := &fakeDRA{classes: []*resourceapi.DeviceClass{gpuClass()},
-		slices: []*resourceapi.ResourceSlice{gpuSlice("dra-h100", "NVIDIA H100 80GB HBM3", "81559Mi", 8)}}
+	fakedra.ExtendedResources(t)
+	manager := &fakedra.Manager{Classes: []*resourceapi.DeviceClass{gpuClass()},
+		Slices: []*resourceapi.ResourceSlice{gpuSlice("dra-h100", "NVIDIA H100 80GB HBM3", "81559Mi", 8)}}
 	p := plugin(t).WithDRA(manager)
 	info := framework.NewNodeInfo()
 	info.SetNode(draNodeObject("dra-h100"))
 	if status := filterOn(t, p, pod("1", ""), info); !status.IsSuccess() {
 		t.Fatalf("the devices of the class: %v", status)
 	}
-	manager.classes, manager.slices = []*resourceapi.DeviceClass{gpuClass()}, nil // a new object
+	manager.Classes, manager.Slices = []*resourceapi.DeviceClass{gpuClass()}, nil // a new object
 	if status := filterOn(t, p, pod("1", ""), info); status.Code() != fwk.UnschedulableAndUnresolvable {
 		t.Fatalf("no slice under the new class, yet: %v", status)
 	}

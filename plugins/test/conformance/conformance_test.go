@@ -21,6 +21,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
@@ -30,6 +31,7 @@ import (
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/gpuscheduler"
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/spotscheduler"
+	"github.com/gpu-scheduler/gpu-scheduler/plugins/test/fakedra"
 )
 
 type file struct {
@@ -42,6 +44,12 @@ type world struct {
 	Nodes  []v1.Node           `json:"nodes"`
 	Pods   []v1.Pod            `json:"pods"`
 	Leases map[string]*float64 `json:"leases"`
+	// DRA: a driver's GPUs, served as kube-scheduler's DRA state; nil where none.
+	DRA *struct {
+		Classes []resourceapi.DeviceClass   `json:"classes"`
+		Slices  []resourceapi.ResourceSlice `json:"slices"`
+		Claims  []resourceapi.ResourceClaim `json:"claims"`
+	} `json:"dra"`
 	Config struct {
 		DefaultPlacement string  `json:"defaultPlacement"`
 		HeartbeatWindow  float64 `json:"heartbeatWindowSeconds"`
@@ -78,6 +86,7 @@ func TestConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Unix(0, int64(cases.Now*1e9))
+	fakedra.ExtendedResources(t)
 	verdicts, scores, failures := 0, 0, 0
 	for _, c := range cases.Cases {
 		problems, v, s := check(t, now, &cases.Worlds[c.World], &c)
@@ -153,8 +162,26 @@ func build(now time.Time, w *world) plugins {
 	}
 	list := func() ([]fwk.NodeInfo, error) { return all, nil }
 	p.group = azscheduler.NewWith(contract.TopologyLevels, list)
+	if w.DRA != nil {
+		p.gpu = p.gpu.WithDRA(draState(w))
+	}
 	p.gpu.OverNodes(list)
 	return p
+}
+
+// draState is the world's DRA objects as kube-scheduler's DRA state.
+func draState(w *world) *fakedra.Manager {
+	m := &fakedra.Manager{}
+	for i := range w.DRA.Classes {
+		m.Classes = append(m.Classes, &w.DRA.Classes[i])
+	}
+	for i := range w.DRA.Slices {
+		m.Slices = append(m.Slices, &w.DRA.Slices[i])
+	}
+	for i := range w.DRA.Claims {
+		m.Claims = append(m.Claims, &w.DRA.Claims[i])
+	}
+	return m
 }
 
 // check runs one case as kube-scheduler would: PreFilter, then per node the filters in

@@ -1,6 +1,6 @@
 //go:build !k8s1_34
 
-package gpuscheduler
+package fakedra
 
 import (
 	"testing"
@@ -11,14 +11,14 @@ import (
 	"github.com/gpu-scheduler/gpu-scheduler/plugins/pkg/fwk"
 )
 
-// DeviceClassResolver is upstream's extended-resource cache over the fake's classes.
-func (f *fakeDRA) DeviceClassResolver() fwk.DeviceClassResolver {
+// DeviceClassResolver is upstream's extended-resource cache over the classes.
+func (f *Manager) DeviceClassResolver() fwk.DeviceClassResolver {
 	cache := extendedresourcecache.NewExtendedResourceCache(klog.Background())
-	for _, class := range f.classes {
+	for _, class := range f.Classes {
 		cache.OnAdd(class, true)
 	}
 	return cache
 }
 
-// extendedResources: the resolver answers whatever the gate (1.35+).
-func extendedResources(*testing.T) {}
+// ExtendedResources: the resolver answers whatever the gate (1.35+).
+func ExtendedResources(testing.TB) {}

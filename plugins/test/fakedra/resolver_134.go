@@ -1,6 +1,6 @@
 //go:build k8s1_34
 
-package gpuscheduler
+package fakedra
 
 import (
 	"testing"
@@ -10,7 +10,8 @@ import (
 	"k8s.io/kubernetes/pkg/features"
 )
 
-// extendedResources turns DRAExtendedResource on (alpha in 1.34, as the lab does).
-func extendedResources(t *testing.T) {
+// ExtendedResources turns DRAExtendedResource on for the test (alpha in 1.34, as the
+// lab does): 1.34 maps a class to nvidia.com/gpu only with it.
+func ExtendedResources(t testing.TB) {
 	featuregatetesting.SetFeatureGateDuringTest(t, utilfeature.DefaultFeatureGate, features.DRAExtendedResource, true)
 }
