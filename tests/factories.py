@@ -222,3 +222,56 @@ def claim(
             }
         },
     }
+
+
+def shared_device(i: int, gib: int = 80) -> dict[str, Any]:
+    """A GPU that allows multiple allocations (DRA consumable capacity)."""
+    device = gpu_device(i, mib=gib * 1024)
+    device["allowMultipleAllocations"] = True
+    return device
+
+
+def share_claim(
+    name: str,
+    node: str | None,
+    consumed: dict[str, str],
+    asks: str = "20Gi",
+    pool: str | None = None,
+):
+    """A claim asking ``asks`` of a shareable GPU's memory; with a ``node``, allocated
+    there (its ``pool``, the node's own by default), consuming ``consumed`` per device."""
+    request = {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": "gpu.nvidia.com",
+            "capacity": {"requests": {"memory": asks}},
+        },
+    }
+    obj: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+        "spec": {"devices": {"requests": [request]}},
+    }
+    if node is not None:
+        results = [
+            {
+                "request": "gpu",
+                "driver": "gpu.nvidia.com",
+                "pool": pool or node,
+                "device": device,
+                "shareID": f"share-{name}-{device}",
+                "consumedCapacity": {"memory": amount},
+            }
+            for device, amount in consumed.items()
+        ]
+        obj["status"] = {"allocation": {"devices": {"results": results}}}
+    return obj
+
+
+def claim_pod(name: str, claim: str) -> dict[str, Any]:
+    """A pod whose one ResourceClaim (from a template) is ``claim``."""
+    pod = make_pod(name, 0)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
+    pod["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": claim}]
+    return pod

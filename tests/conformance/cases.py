@@ -12,7 +12,8 @@ kube-scheduler would, and must give the same answers.
 The clusters are random but seeded: the same arguments give the same file. Some
 nodes share their GPUs (the agent's annotations, its report of what each pod holds)
 and some pods ask shares. In some clusters a DRA driver publishes the GPUs of some
-nodes (DeviceClasses, ResourceSlices, allocated ResourceClaims): the extender lists
+nodes (DeviceClasses, ResourceSlices, ResourceClaims, some consuming memory of shareable
+devices), and some pods to place hold a claim asking such memory: the extender lists
 them from the fake API, the Go suite serves them as kube-scheduler's DRA state.
 """
 
@@ -39,6 +40,7 @@ from tests.factories import (
     gpu_device,
     make_lease,
     resource_slice,
+    share_claim,
 )
 from tests.fakeapi import FakeListWatch, synced_cache
 
@@ -321,10 +323,13 @@ def dra(rng: random.Random, index: int, nodes: list[dict[str, Any]]) -> dict[str
         # A device's name is unique in its pool (the API's rule): a pool over nodes
         # names them by node.
         prefix = f"{name}-" if pool != name else ""
+        shareable = rng.random() < 0.3  # consumable capacity: claims share the devices
         devices = []
         for i in range(rng.choice((1, 2, 4, 8, 8))):
             device = gpu_device(i, product, mib if rng.random() < 0.9 else 16384)
             device["name"] = prefix + device["name"]
+            if shareable and rng.random() < 0.9:
+                device["allowMultipleAllocations"] = True
             if rng.random() < 0.1:
                 device["attributes"]["type"] = {"string": "mig"}
             if rng.random() < 0.12:
@@ -347,9 +352,17 @@ def dra(rng: random.Random, index: int, nodes: list[dict[str, Any]]) -> dict[str
         held = [d["name"] for d in devices if rng.random() < 0.3]
         if rng.random() < 0.05:
             held.append(f"{prefix}gpu-99")
-        if held:
+        if shareable:  # each claim consumes some of one device's memory
+            for j, device in enumerate(held):
+                consumed = {device: rng.choice(("10Gi", "20Gi", "512Mi", "60Gi", "80Gi"))}
+                claims.append(share_claim(f"s{index}-{k}-{j}", name, consumed, pool=pool))
+        elif held:
             extended = rng.random() < 0.7
             claims.append(claim(f"c{index}-{k}", name, held, extended=extended, pool=pool))
+    # Claims not yet allocated, which the pods to place may hold (asks_claim).
+    for j in range(3):
+        asks = rng.choice(("10Gi", "20Gi", "40Gi", "1Gi", "100Gi", "512Mi"))
+        claims.append(share_claim(f"ask-{index}-{j}", None, {}, asks=asks))
     classes = [device_class()]
     odd = rng.random()
     if odd < 0.05:
@@ -360,6 +373,14 @@ def dra(rng: random.Random, index: int, nodes: list[dict[str, Any]]) -> dict[str
         newer = GPU_SELECTOR.replace("'gpu'", "'mig'")
         classes.append(device_class("b.example", created="2026-12-01T00:00:00Z", selector=newer))
     return {"classes": classes, "slices": slices, "claims": claims}
+
+
+def asks_claim(rng: random.Random, pod: dict[str, Any], index: int) -> None:
+    """The pod holds one of its cluster's unallocated claims (dra), asking memory of a
+    shareable GPU, as a pod made from a ResourceClaimTemplate does."""
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
+    claim_name = f"ask-{index}-{rng.randrange(3)}"
+    pod["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": claim_name}]
 
 
 def cluster(rng: random.Random, index: int) -> dict[str, Any]:
@@ -442,6 +463,10 @@ def generate(clusters: int = 60, pods_per_cluster: int = 40, seed: int = 1) -> d
             pod(rng, f"p{index}-{k}", group=rng.choice(world["groups"] + [None, None]))
             for k in range(pods_per_cluster)
         ]
+        if world["dra"]:
+            for target in targets:
+                if rng.random() < 0.3:
+                    asks_claim(rng, target, index)
         for k, answer in enumerate(decide(world, targets)):
             cases.append({"name": f"cluster{index}/pod{k}", "world": index, **answer})
         worlds.append(world)

@@ -4,58 +4,21 @@ a pod whose claim asks memory, with the fit rule and measure of device-plugin sh
 
 from __future__ import annotations
 
-from typing import Any
-
 from extender.cache import ClusterCache
 from extender.config import ExtenderConfig
 from extender.model import pod_facts
 from extender.policies import build_policies
 from gpu_scheduler import dra
-from tests.factories import device_class, gpu_device, make_node, make_pod, resource_slice
+from tests.factories import (
+    claim_pod,
+    device_class,
+    gpu_device,
+    make_node,
+    resource_slice,
+    share_claim,
+    shared_device,
+)
 from tests.helpers import score_nodes
-
-
-def shared_device(i: int, gib: int = 80) -> dict[str, Any]:
-    device = gpu_device(i, mib=gib * 1024)
-    device["allowMultipleAllocations"] = True
-    return device
-
-
-def share_claim(name: str, node: str | None, consumed: dict[str, str], asks: str = "20Gi"):
-    request = {
-        "name": "gpu",
-        "exactly": {
-            "deviceClassName": "gpu.nvidia.com",
-            "capacity": {"requests": {"memory": asks}},
-        },
-    }
-    obj: dict[str, Any] = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
-        "spec": {"devices": {"requests": [request]}},
-    }
-    if node is not None:
-        results = [
-            {
-                "request": "gpu",
-                "driver": "gpu.nvidia.com",
-                "pool": node,
-                "device": device,
-                "shareID": f"share-{name}-{device}",
-                "consumedCapacity": {"memory": amount},
-            }
-            for device, amount in consumed.items()
-        ]
-        obj["status"] = {"allocation": {"devices": {"results": results}}}
-    return obj
-
-
-def claim_pod(name: str, claim: str) -> dict[str, Any]:
-    pod = make_pod(name, 0)
-    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
-    pod["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": claim}]
-    return pod
 
 
 def shares_cache() -> ClusterCache:
