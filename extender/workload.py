@@ -32,6 +32,11 @@ from typing import NamedTuple
 #: cover 95% (a cap of 32 kept half their restricted pods).
 MAX_SHAPES = 128
 COVERAGE = 0.95
+#: Weights are ordered, and their coverage compared, to this many decimals: a float
+#: sum's last bits depend on the order it is taken in, which the plugins (Go, over a
+#: map) do not share, and a mix whose weights reach COVERAGE exactly kept one shape
+#: more on one path than on the other.
+DECIMALS = 12
 
 
 class TaskShape(NamedTuple):
@@ -62,7 +67,8 @@ def task_shape(
 
 def _order(item: tuple[TaskShape, float]) -> tuple[float, int, int, int, tuple[str, ...]]:
     shape, weight = item  # heaviest first; ties in a fixed order
-    return (-weight, shape.gpus, shape.cpu_milli, shape.ram_mib, shape.products or ())
+    return (-round(weight, DECIMALS), shape.gpus, shape.cpu_milli, shape.ram_mib,
+            shape.products or ())  # fmt: skip
 
 
 def _weights(counts: Mapping[TaskShape, int]) -> dict[TaskShape, float]:
@@ -99,7 +105,7 @@ def workload_mix(counts: Mapping[TaskShape, int]) -> tuple[MixEntry, ...]:
     for shape, weight in sorted(weights.items(), key=_order):
         kept.append((shape, weight))
         covered += weight
-        if len(kept) >= MAX_SHAPES or covered >= COVERAGE * total:
+        if len(kept) >= MAX_SHAPES or round(covered, DECIMALS) >= round(COVERAGE * total, DECIMALS):
             break
     return tuple(MixEntry(shape, weight / covered) for shape, weight in kept)
 

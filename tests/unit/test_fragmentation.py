@@ -3,6 +3,8 @@ workload mix it plans for."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from extender.cache import ClusterCache
@@ -105,6 +107,31 @@ def test_ties_are_ordered_the_same_way_every_time():
     a, b = TaskShape(1, 4000, 8192, ("T4",)), TaskShape(1, 4000, 8192, ("L4",))
     assert [e.shape for e in workload_mix({a: 5, b: 5})] == [b, a]
     assert [e.shape for e in workload_mix({b: 5, a: 5})] == [b, a]
+
+
+#: Ten shapes whose weights (0.2, 0.2, 0.1 x 4, 0.05 x 4) reach COVERAGE exactly at
+#: the ninth: whether a sum of them reaches 0.95 depends on its last bits.
+AT_THE_EDGE = {
+    TaskShape(4, 2000, 4096, None): 1, TaskShape(4, 12000, 114688, None): 1,
+    TaskShape(2, 1000, 65536, None): 1, TaskShape(2, 20000, 114688, None): 1,
+    TaskShape(4, 1000, 4096, ("NVIDIA-L40S",)): 1,
+    TaskShape(4, 1000, 65536, ("NVIDIA-A100-SXM4-40GB",)): 1,
+    TaskShape(1, 2000, 4096, None): 1, TaskShape(1, 2000, 16384, None): 1,
+    TaskShape(1, 8000, 65536, None): 1, TaskShape(1, 12000, 16384, None): 1,
+}  # fmt: skip
+
+
+def test_the_mix_is_the_same_in_whatever_order_the_shapes_were_counted():
+    """The plugins count shapes in a Go map, whose order is random: the mix must not
+    depend on the order its float sums are taken in (plugins/pkg/workload,
+    TestTheMixIsTheSameWhateverTheMapsOrder)."""
+    first = workload_mix(AT_THE_EDGE)
+    assert len(first) == 9
+    shapes = list(AT_THE_EDGE)
+    for seed in range(200):
+        random.Random(seed).shuffle(shapes)
+        again = workload_mix({shape: AT_THE_EDGE[shape] for shape in shapes})
+        assert [e.shape for e in again] == [e.shape for e in first], seed
 
 
 def test_the_mix_is_worked_out_again_after_one_percent_of_the_pods_or_a_new_shape():

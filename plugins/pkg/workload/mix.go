@@ -17,6 +17,10 @@ import (
 const (
 	MaxShapes = 128
 	Coverage  = 0.95
+	// Decimals: weights are ordered, and their coverage compared, to this many
+	// decimals, as the extender does (extender/workload.py): a float sum's last bits
+	// depend on its order, which a map's iteration does not keep.
+	Decimals = 12
 	// RefreshShare: the mix is worked out again once the pods placed and gone since
 	// the last time reach this share of the pods counted now, or a shape came or went.
 	RefreshShare = 0.01
@@ -70,6 +74,11 @@ func ShapeOf(gpus, cpuMilli, ramMiB int64, products []string) Shape {
 	}
 	return Shape{gpus, roundUp(cpuMilli, cpuStep), roundUp(ramMiB, ramStep), joined}
 }
+
+var scale = math.Pow10(Decimals)
+
+// rounded is x to Decimals decimals, scaled to a whole number.
+func rounded(x float64) float64 { return math.Round(x * scale) }
 
 // Entry is one kept shape and its share of the kept weight (the shares sum to 1).
 type Entry struct {
@@ -135,8 +144,8 @@ func MixOf(counts map[Shape]int64) Mix {
 	for shape, weight := range w {
 		items = append(items, item{shape, weight})
 	}
-	// Summed in the extender's order (heaviest first), as its sum() of the dict is
-	// not: the total only scales the cutoff, where a last bit does not matter.
+	// The total's last bits depend on the order (the extender sums in its dict's):
+	// the cutoff compares it to Decimals decimals.
 	for _, it := range items {
 		total += it.weight
 	}
@@ -144,9 +153,9 @@ func MixOf(counts map[Shape]int64) Mix {
 		return nil
 	}
 	slices.SortFunc(items, func(a, b item) int {
-		switch {
-		case a.weight != b.weight:
-			if a.weight > b.weight {
+		switch aw, bw := rounded(a.weight), rounded(b.weight); {
+		case aw != bw:
+			if aw > bw {
 				return -1
 			}
 			return 1
@@ -164,7 +173,7 @@ func MixOf(counts map[Shape]int64) Mix {
 	for _, it := range items {
 		kept++
 		covered += it.weight
-		if kept >= MaxShapes || covered >= Coverage*total {
+		if kept >= MaxShapes || rounded(covered) >= rounded(Coverage*total) {
 			break
 		}
 	}

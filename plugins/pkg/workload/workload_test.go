@@ -2,6 +2,7 @@ package workload
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"reflect"
 	"testing"
@@ -61,6 +62,35 @@ func TestMixWeighsByPodsAndGpus(t *testing.T) {
 	for shape, w := range want {
 		if math.Abs(shares[shape]-w) > 1e-9 {
 			t.Errorf("%+v: share %v, want %v", shape, shares[shape], w)
+		}
+	}
+}
+
+// Ten shapes whose weights (0.2, 0.2, 0.1 x 4, 0.05 x 4) reach Coverage exactly at the
+// ninth: whether a float sum of them reaches 0.95 depends on its order, which a map's
+// iteration changes (as tests/unit/test_fragmentation.py's AT_THE_EDGE).
+func TestTheMixIsTheSameWhateverTheMapsOrder(t *testing.T) {
+	counts := map[Shape]int64{
+		ShapeOf(4, 2000, 4096, nil): 1, ShapeOf(4, 12000, 114688, nil): 1,
+		ShapeOf(2, 1000, 65536, nil): 1, ShapeOf(2, 20000, 114688, nil): 1,
+		ShapeOf(4, 1000, 4096, []string{"NVIDIA-L40S"}):            1,
+		ShapeOf(4, 1000, 65536, []string{"NVIDIA-A100-SXM4-40GB"}): 1,
+		ShapeOf(1, 2000, 4096, nil):                                1, ShapeOf(1, 2000, 16384, nil): 1,
+		ShapeOf(1, 8000, 65536, nil): 1, ShapeOf(1, 12000, 16384, nil): 1,
+	}
+	first := MixOf(counts)
+	if len(first) != 9 {
+		t.Fatalf("%d shapes kept, want 9: %+v", len(first), first)
+	}
+	for range 200 {
+		again := MixOf(maps.Clone(counts))
+		if len(again) != len(first) {
+			t.Fatalf("%d shapes kept, then %d", len(first), len(again))
+		}
+		for i := range again {
+			if again[i].Shape != first[i].Shape {
+				t.Fatalf("shape %d: %+v, then %+v", i, first[i].Shape, again[i].Shape)
+			}
 		}
 	}
 }
