@@ -4,6 +4,7 @@ kube-scheduler write them."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from gpu_scheduler import contract, dra
@@ -205,7 +206,20 @@ def claim(
             "uid": f"uid-{name}",
             "annotations": annotations,
         },
-        "spec": {"devices": {"requests": [{"name": "container-0-request-0"}]}},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "container-0-request-0",
+                        "exactly": {
+                            "deviceClassName": "gpu.nvidia.com",
+                            "allocationMode": "ExactCount",
+                            "count": len(devices),
+                        },
+                    }
+                ]
+            }
+        },
         "status": {
             "allocation": {
                 "devices": {
@@ -260,7 +274,7 @@ def share_claim(
                 "driver": "gpu.nvidia.com",
                 "pool": pool or node,
                 "device": device,
-                "shareID": f"share-{name}-{device}",
+                "shareID": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{name}/{device}")),  # a UID
                 "consumedCapacity": {"memory": amount},
             }
             for device, amount in consumed.items()

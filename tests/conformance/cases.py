@@ -302,11 +302,17 @@ def dra(rng: random.Random, index: int, nodes: list[dict[str, Any]]) -> dict[str
     """A DRA driver's GPUs on some of ``nodes`` (changed in place: most no longer
     advertise nvidia.com/gpu, so their devices decide): devices of other types, sick
     ones (device taints), odd memory, a pool republished (an older generation still
-    listed), a pool over two nodes, claims holding some devices or ones that do not
-    exist; and the class that maps nvidia.com/gpu, sometimes none, a broken selector, or
-    a newer class selecting other devices."""
+    listed), a pool over two nodes (whole, or being republished), a node's pool over two
+    slices (one maybe not listed yet), claims holding some devices or ones that do not
+    exist, or consuming memory of shareable ones; and the class that maps
+    nvidia.com/gpu, sometimes none, a broken selector, or a newer class selecting other
+    devices."""
     chosen = rng.sample(nodes, rng.randrange(1, min(4, len(nodes)) + 1))
-    shared_pool = f"rack-{index}" if rng.random() < 0.2 else None
+    # A pool over the first two nodes, one slice each: at one generation, or being
+    # republished (the second node's slice a generation behind).
+    shared_pool = f"rack-{index}" if len(chosen) > 1 and rng.random() < 0.5 else None
+    shared_generation = rng.choice((1, 2))
+    lagging = shared_generation == 2 and rng.random() < 0.4
     slices: list[dict[str, Any]] = []
     claims: list[dict[str, Any]] = []
     for k, node in enumerate(chosen):
@@ -337,32 +343,52 @@ def dra(rng: random.Random, index: int, nodes: list[dict[str, Any]]) -> dict[str
             if rng.random() < 0.05:
                 del device["capacity"]
             devices.append(device)
-        generation = rng.choice((1, 1, 2))
-        published = [(generation, devices)]
-        if generation == 2 and rng.random() < 0.5:  # the older generation, on its way out
-            older = [gpu_device(i, product, mib) for i in range(rng.choice((1, 8)))]
-            for device in older:
-                device["name"] = prefix + device["name"]
-            published.append((1, older))
-        for gen, listed in published:
-            obj = resource_slice(name, listed, gen)
-            obj["metadata"]["name"] = f"{name}-{pool}-{gen}"
-            obj["spec"]["pool"]["name"] = pool
-            slices.append(obj)
-        held = [d["name"] for d in devices if rng.random() < 0.3]
+        # (generation, the pool's slice count then, this node's slices' devices)
+        if pool != name:
+            generation = shared_generation - (1 if lagging and k == 1 else 0)
+            published = [(generation, 2, [devices])]
+        else:  # the node's own pool: one slice, or its devices over two
+            generation = rng.choice((1, 1, 2))
+            half = len(devices) // 2
+            parts = [devices[:half], devices[half:]] if half and rng.random() < 0.25 else [devices]
+            count = len(parts)
+            if count == 2 and rng.random() < 0.3:
+                parts = parts[:1]  # the second slice not listed yet: incomplete
+            published = [(generation, count, parts)]
+            if generation == 2 and rng.random() < 0.5:  # the older one, on its way out
+                older = [gpu_device(i, product, mib) for i in range(rng.choice((1, 8)))]
+                published.append((1, 1, [older]))
+        for gen, count, parts in published:
+            for j, listed in enumerate(parts):
+                for device in listed:
+                    device["name"] = prefix + device["name"].removeprefix(prefix)
+                obj = resource_slice(name, listed, gen)
+                obj["metadata"]["name"] = f"{name}-{pool}-{gen}-{j}"
+                obj["spec"]["pool"].update(name=pool, resourceSliceCount=count)
+                slices.append(obj)
+        # Claims share a device that allows it, each consuming some of its memory (never
+        # more than it has, as the allocator keeps it); the others are held whole.
+        held = []
+        for device in devices:
+            if rng.random() >= 0.3:
+                continue
+            memory = device.get("capacity", {}).get("memory")
+            if not device.get("allowMultipleAllocations") or memory is None:
+                held.append(device["name"])
+                continue
+            left = int(memory["value"].removesuffix("Mi"))
+            for j in range(rng.choice((1, 1, 2))):
+                used = min(left, int(left * rng.choice((0.1, 0.25, 0.5, 1.0))) or 1)
+                left -= used
+                consumed = {device["name"]: f"{used}Mi"}
+                claims.append(
+                    share_claim(f"s-{name}-{device['name']}-{j}", name, consumed, pool=pool)
+                )
         if rng.random() < 0.05:
             held.append(f"{prefix}gpu-99")
-        if shareable:  # each claim consumes some of one device's memory
-            for j, device in enumerate(held):
-                consumed = {device: rng.choice(("10Gi", "20Gi", "512Mi", "60Gi", "80Gi"))}
-                claims.append(share_claim(f"s{index}-{k}-{j}", name, consumed, pool=pool))
-        elif held:
+        if held:
             extended = rng.random() < 0.7
             claims.append(claim(f"c{index}-{k}", name, held, extended=extended, pool=pool))
-    # Claims not yet allocated, which the pods to place may hold (asks_claim).
-    for j in range(3):
-        asks = rng.choice(("10Gi", "20Gi", "40Gi", "1Gi", "100Gi", "512Mi"))
-        claims.append(share_claim(f"ask-{index}-{j}", None, {}, asks=asks))
     classes = [device_class()]
     odd = rng.random()
     if odd < 0.05:
@@ -375,12 +401,19 @@ def dra(rng: random.Random, index: int, nodes: list[dict[str, Any]]) -> dict[str
     return {"classes": classes, "slices": slices, "claims": claims}
 
 
-def asks_claim(rng: random.Random, pod: dict[str, Any], index: int) -> None:
-    """The pod holds one of its cluster's unallocated claims (dra), asking memory of a
-    shareable GPU, as a pod made from a ResourceClaimTemplate does."""
-    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
-    claim_name = f"ask-{index}-{rng.randrange(3)}"
-    pod["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": claim_name}]
+def asks_claim(rng: random.Random, pod: dict[str, Any], claims: list[dict[str, Any]]) -> None:
+    """The pod holds a claim of its own, made from its ResourceClaimTemplate and not yet
+    allocated, asking memory of a shareable GPU (added to ``claims``)."""
+    name = f"{pod['metadata']['name']}-gpu"
+    asks = rng.choice(("10Gi", "20Gi", "40Gi", "1Gi", "100Gi", "512Mi"))
+    made = share_claim(name, None, {}, asks=asks)
+    made["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
+         "uid": pod["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+    ]  # fmt: skip
+    claims.append(made)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
+    pod["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": name}]
 
 
 def cluster(rng: random.Random, index: int) -> dict[str, Any]:
@@ -466,7 +499,7 @@ def generate(clusters: int = 60, pods_per_cluster: int = 40, seed: int = 1) -> d
         if world["dra"]:
             for target in targets:
                 if rng.random() < 0.3:
-                    asks_claim(rng, target, index)
+                    asks_claim(rng, target, world["dra"]["claims"])
         for k, answer in enumerate(decide(world, targets)):
             cases.append({"name": f"cluster{index}/pod{k}", "world": index, **answer})
         worlds.append(world)

@@ -225,9 +225,7 @@ func (d *draGpus) readSlices(old *draNodes) (map[string]*draNode, bool, error) {
 	}
 	read := make([]dra.Slice, 0, len(kept))
 	for _, slice := range kept {
-		if len(slice.Nodes) > 0 {
-			read = append(read, slice)
-		}
+		read = append(read, slice) // those without GPUs too: a pool's count is over all
 	}
 	nodes := map[string]*draNode{}
 	for name, gpus := range dra.NodeGpus(read) {
