@@ -52,14 +52,14 @@ def _gpu(device: dra.Device) -> DraGpu:
     return _GPUS.setdefault(pair, DraGpu(*pair))
 
 
-# A slice as kept: driver, pool, generation, (node, key, gpu, blocking taints, allows
-# multiple allocations) per device of the class, and the pool's slice count.
-_Slice = tuple[str, str, int, list[tuple[str, dra.DeviceKey, DraGpu, tuple[str, ...], bool]], int]
+# A slice as kept: driver, pool, generation, and (node, key, gpu, blocking taints,
+# allows multiple allocations) per device of the class.
+_Slice = tuple[str, str, int, list[tuple[str, dra.DeviceKey, DraGpu, tuple[str, ...], bool]]]
 
 
 # What a relist hands the index: each object reduced by these (outside the cache's
 # lock, one page at a time), never the raw objects.
-ParsedSlice = tuple[str, tuple[str, str, int, list[dra.Device], int]]
+ParsedSlice = tuple[str, tuple[str, str, int, list[dra.Device]]]
 ParsedClaim = tuple[str, frozenset[dra.DeviceKey], str | None, ClaimShares | None]
 
 
@@ -70,10 +70,7 @@ def parse_class(obj: Mapping[str, Any]) -> dra.DeviceClass | None:
 def parse_slice(obj: Mapping[str, Any]) -> ParsedSlice | None:
     name = object_key(obj)
     parsed = dra.slice_devices(obj)
-    if name is None or parsed is None:
-        return None
-    count = obj["spec"]["pool"].get("resourceSliceCount")  # slice_devices read pool
-    return name, (*parsed, count if type(count) is int else 0)
+    return None if name is None or parsed is None else (name, parsed)
 
 
 def parse_rule(obj: Mapping[str, Any]) -> dra.TaintRule | None:
@@ -105,7 +102,6 @@ class DraIndex:
         #: older one): list them again (the cache asks the slices' reflector to).
         self.needs_relist = False
         self._node_slices: dict[str, set[str]] = {}
-        self._pool_slices: dict[tuple[str, str], set[str]] = {}  # every slice of a pool
         self._gpus: dict[str, dict[dra.DeviceKey, DraGpu]] = {}
         self._device_node: dict[dra.DeviceKey, str] = {}
         self._claims: dict[str, frozenset[dra.DeviceKey]] = {}
@@ -188,14 +184,14 @@ class DraIndex:
             self.needs_relist = True
         touched = set(self._gpus)
         if self._matcher is None:  # nothing serves the resource any more
-            self._slices, self._node_slices, self._pool_slices = {}, {}, {}
+            self._slices, self._node_slices = {}, {}
         return self._refresh(touched)
 
     # --- ResourceSlices -------------------------------------------------------------
     def replace_slices(self, slices: Iterable[ParsedSlice]) -> set[str]:
         """All ResourceSlices, as :func:`parse_slice` gave them."""
         touched = set(self._node_slices) | set(self._gpus)
-        self._slices, self._node_slices, self._pool_slices = {}, {}, {}
+        self._slices, self._node_slices = {}, {}
         self.needs_relist = False
         for name, parsed in slices:
             touched |= self._put_slice(name, parsed)
@@ -216,61 +212,38 @@ class DraIndex:
         parsed = parse_slice(obj)
         return parsed is None or self._slices.get(parsed[0]) == self._kept(parsed[1])
 
-    def _kept(self, parsed: tuple[str, str, int, list[dra.Device], int]) -> _Slice:
-        driver, pool, generation, devices, count = parsed
+    def _kept(self, parsed: tuple[str, str, int, list[dra.Device]]) -> _Slice:
+        driver, pool, generation, devices = parsed
         match = self._matcher.matches if self._matcher is not None else lambda _: False
         kept = [(d.node, d.key, _gpu(d), d.taints, d.shareable) for d in devices if match(d)]
-        return (_intern(driver), _intern(pool), generation, kept, count)
+        return (_intern(driver), _intern(pool), generation, kept)
 
-    def _put_slice(
-        self, name: str, parsed: tuple[str, str, int, list[dra.Device], int]
-    ) -> set[str]:
+    def _put_slice(self, name: str, parsed: tuple[str, str, int, list[dra.Device]]) -> set[str]:
         if self._matcher is None and parsed[3]:
             self.needs_relist = True  # a class may appear and select them
-        kept = self._slices[name] = self._kept(parsed)
-        for node, *_ in kept[3]:
+        self._slices[name] = self._kept(parsed)
+        kept = self._slices[name][3]
+        nodes = {node for node, *_ in kept}
+        for node in nodes:
             self._node_slices.setdefault(node, set()).add(name)
-        self._pool_slices.setdefault(kept[:2], set()).add(name)
-        return self._pool_nodes(kept[:2])
+        return nodes
 
     def _drop_slice(self, name: str) -> set[str]:
         old = self._slices.pop(name, None)
         if old is None:
             return set()
-        for node in {node for node, *_ in old[3]}:
+        nodes = {node for node, *_ in old[3]}
+        for node in nodes:
             names = self._node_slices.get(node)
             if names is not None:
                 names.discard(name)
                 if not names:
                     del self._node_slices[node]
-        pool = self._pool_slices.get(old[:2])
-        if pool is not None:
-            pool.discard(name)
-            if not pool:
-                del self._pool_slices[old[:2]]
-        return {node for node, *_ in old[3]} | self._pool_nodes(old[:2])
-
-    def _pool_nodes(self, pool: tuple[str, str]) -> set[str]:
-        """The nodes with devices in some slice of ``pool``: whether a node may use its
-        devices there depends on the pool's other slices (:meth:`_usable`)."""
-        return {node for n in self._pool_slices.get(pool, ()) for node, *_ in self._slices[n][3]}
-
-    def _usable(self, pool: tuple[str, str], generation: int, mine: list[_Slice]) -> bool:
-        """Whether a node may use its devices of ``pool`` at ``generation`` (the newest
-        of its slices there, ``mine`` those at it), as upstream's allocator gathers a
-        node's pools (GatherPools): the node's slices at it are as many as the pool
-        says, or the pool's over all nodes are and none anywhere is newer. Else the pool
-        is being republished, or not listed whole yet: none of its devices."""
-        want = max(s[4] for s in mine)
-        if len(mine) == want:
-            return True
-        everywhere = [self._slices[n][2] for n in self._pool_slices.get(pool, ())]
-        return max(everywhere) == generation and everywhere.count(generation) == want
+        return nodes
 
     def _refresh(self, nodes: set[str]) -> set[str]:
-        """Recompute the GPUs of ``nodes``: of each pool, the newest generation among
-        the node's slices where the pool is complete (:meth:`_usable`), devices of the
-        chosen class only."""
+        """Recompute the GPUs of ``nodes``: the newest generation of each pool only,
+        devices of the chosen class only."""
         for node in nodes:
             for key in self._gpus.pop(node, {}):
                 self._device_node.pop(key, None)
@@ -281,15 +254,11 @@ class DraIndex:
                 continue
             newest: dict[tuple[str, str], int] = {}
             slices = [self._slices[n] for n in self._node_slices.get(node, ())]
-            for driver, pool, generation, *_ in slices:
+            for driver, pool, generation, _ in slices:
                 newest[(driver, pool)] = max(generation, newest.get((driver, pool), generation))
-            usable = {
-                pool: self._usable(pool, gen, [s for s in slices if s[:3] == (*pool, gen)])
-                for pool, gen in newest.items()
-            }
             found: dict[dra.DeviceKey, DraGpu] = {}
-            for driver, pool, generation, devices, _ in slices:
-                if generation != newest[(driver, pool)] or not usable[(driver, pool)]:
+            for driver, pool, generation, devices in slices:
+                if generation != newest[(driver, pool)]:
                     continue
                 for where, key, gpu, own, shareable in devices:
                     if where == node:

@@ -312,12 +312,14 @@ def dra(rng: random.Random, index: int, nodes: list[dict[str, Any]]) -> dict[str
     # republished (the second node's slice a generation behind).
     shared_pool = f"rack-{index}" if len(chosen) > 1 and rng.random() < 0.5 else None
     shared_generation = rng.choice((1, 2))
-    lagging = shared_generation == 2 and rng.random() < 0.4
+    lagging = shared_generation == 2 and rng.random() < 0.6
     slices: list[dict[str, Any]] = []
     claims: list[dict[str, Any]] = []
     for k, node in enumerate(chosen):
         name = node["metadata"]["name"]
-        if rng.random() < 0.9:  # else a device plugin's node with slices too: its own wins
+        pool = shared_pool if shared_pool and k < 2 else name
+        # else a device plugin's node with slices too: its own wins
+        if rng.random() < 0.9 or pool != name:
             for table in (node["status"]["allocatable"], node["status"]["capacity"]):
                 table.pop(contract.RESOURCE_GPU, None)
                 table.pop(contract.RESOURCE_GPU_MEMORY, None)
@@ -325,7 +327,6 @@ def dra(rng: random.Random, index: int, nodes: list[dict[str, Any]]) -> dict[str
             node["metadata"]["annotations"].pop(contract.ANN_GPUS, None)
             node["metadata"]["annotations"].pop(contract.ANN_GPU_SHARES, None)
         product, mib = rng.choice(DRA_PRODUCTS)
-        pool = shared_pool if shared_pool and k < 2 else name
         # A device's name is unique in its pool (the API's rule): a pool over nodes
         # names them by node.
         prefix = f"{name}-" if pool != name else ""

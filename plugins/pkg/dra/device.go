@@ -33,12 +33,11 @@ type Gpu struct {
 	Shareable bool
 }
 
-// Slice is what one ResourceSlice says of the GPU class: its pool, generation and the
-// pool's slice count at that generation and, per node, its devices of the class.
+// Slice is what one ResourceSlice says of the GPU class: its pool and generation
+// and, per node, its devices of the class.
 type Slice struct {
 	Driver, Pool string
 	Generation   int64
-	Count        int64 // resourceSliceCount
 	Nodes        map[string][]Gpu
 }
 
@@ -47,7 +46,7 @@ type Slice struct {
 // for a node selector or all nodes are no node's GPUs.
 func ReadSlice(slice *resourceapi.ResourceSlice, matches func(driver string, device *resourceapi.Device) bool) Slice {
 	spec := &slice.Spec
-	out := Slice{Driver: spec.Driver, Pool: spec.Pool.Name, Generation: spec.Pool.Generation, Count: spec.Pool.ResourceSliceCount}
+	out := Slice{Driver: spec.Driver, Pool: spec.Pool.Name, Generation: spec.Pool.Generation}
 	perDevice := spec.PerDeviceNodeSelection != nil && *spec.PerDeviceNodeSelection
 	for i := range spec.Devices {
 		device := &spec.Devices[i]
@@ -138,62 +137,28 @@ func clip(text string, limit int) string {
 	return text
 }
 
-// NodeGpus is each node's devices of the class over all slices (those without devices
-// of the class too), as upstream's allocator gathers a node's pools (GatherPools): of
-// each pool, the newest generation among the node's slices; used where the node has as
-// many slices at it as the pool says, or else where the pool has that many at it over
-// all nodes and no newer one anywhere. A pool being republished, or not all listed
-// yet, gives the node none of its devices. In device-name order.
+// NodeGpus is each node's devices of the class over all slices: of each pool only the
+// newest generation among the slices with devices on that node (older ones are on their
+// way out), in device-name order. Per node, as the extender's index takes it and as
+// kube-scheduler 1.34 gathers a node's pools: a pool whose slices on another node moved
+// on first does not empty this one. 1.35+ allocates nothing from a pool while it is
+// being republished or not listed whole; its own DRA filter holds that back, this rule
+// stays the more permissive one on every minor.
 func NodeGpus(slices []Slice) map[string][]Gpu {
-	type pool struct{ driver, name string }
-	type nodePool struct {
-		node string
-		pool
-	}
-	newest := map[nodePool]int64{}
-	top := map[pool]int64{}
+	type pool struct{ node, driver, name string }
+	newest := map[pool]int64{}
 	for _, s := range slices {
-		p := pool{s.Driver, s.Pool}
-		if g, ok := top[p]; !ok || s.Generation > g {
-			top[p] = s.Generation
-		}
 		for node := range s.Nodes {
-			k := nodePool{node, p}
-			if g, ok := newest[k]; !ok || s.Generation > g {
-				newest[k] = s.Generation
+			key := pool{node, s.Driver, s.Pool}
+			if g, ok := newest[key]; !ok || s.Generation > g {
+				newest[key] = s.Generation
 			}
 		}
-	}
-	type tally struct{ have, want int64 }
-	mine := map[nodePool]tally{} // the node's slices at its newest generation
-	all := map[pool]map[int64]int64{}
-	for _, s := range slices {
-		p := pool{s.Driver, s.Pool}
-		if all[p] == nil {
-			all[p] = map[int64]int64{}
-		}
-		all[p][s.Generation]++
-		for node := range s.Nodes {
-			k := nodePool{node, p}
-			if s.Generation == newest[k] {
-				t := mine[k]
-				t.have, t.want = t.have+1, max(t.want, s.Count)
-				mine[k] = t
-			}
-		}
-	}
-	usable := func(k nodePool) bool {
-		t := mine[k]
-		if t.have == t.want {
-			return true
-		}
-		return top[k.pool] == newest[k] && all[k.pool][newest[k]] == t.want
 	}
 	out := map[string][]Gpu{}
 	for _, s := range slices {
 		for node, gpus := range s.Nodes {
-			k := nodePool{node, pool{s.Driver, s.Pool}}
-			if s.Generation == newest[k] && usable(k) {
+			if s.Generation == newest[pool{node, s.Driver, s.Pool}] {
 				out[node] = append(out[node], gpus...)
 			}
 		}

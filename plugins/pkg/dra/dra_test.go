@@ -114,50 +114,19 @@ func TestOnlyTheNewestGenerationOfAPoolAndOnlyNodeLocalDevices(t *testing.T) {
 	}
 }
 
-// Of each pool, a node gets the newest generation among its slices, where the pool is
-// complete, as upstream's GatherPools reads a node's pools: the node's slices at it are
-// as many as the pool says, or the pool's over all nodes are and none is newer.
-func TestAPoolIsReadAsUpstreamGathersANodesPools(t *testing.T) {
+func TestAPoolsGenerationIsTakenPerNode(t *testing.T) {
+	// One pool of two slices over two nodes, n2's already republished: each node keeps
+	// its own newest devices, as the extender's index (extender/dra_index.py) and
+	// kube-scheduler 1.34's GatherPools (only the slices for the node) take them. 1.35+
+	// allocates nothing from the pool until it is whole; its own DRA filter holds that.
 	all := func(string, *resourceapi.Device) bool { return true }
-	gpus := func(_ string, d *resourceapi.Device) bool { return d.Name != "nic" }
-	gpu := func(name string) resourceapi.Device { return device(name, "gpu", "NVIDIA L4", "1Gi") }
-	in := func(pool string, count int64, s *resourceapi.ResourceSlice) *resourceapi.ResourceSlice {
-		s.Spec.Pool.Name, s.Spec.Pool.ResourceSliceCount = pool, count
-		return s
-	}
-	for _, c := range []struct {
-		name   string
-		match  func(string, *resourceapi.Device) bool
-		slices []*resourceapi.ResourceSlice
-		want   map[string]int
-	}{
-		{"each node's slice says the pool is that one slice: the generation is the node's", all,
-			[]*resourceapi.ResourceSlice{in("rack", 1, slice("n1", 1, gpu("a"))), in("rack", 1, slice("n2", 2, gpu("b")))},
-			map[string]int{"n1": 1, "n2": 1}},
-		{"a pool of two slices being republished: neither node's devices, old or new", all,
-			[]*resourceapi.ResourceSlice{in("rack", 2, slice("n1", 1, gpu("a"))), in("rack", 2, slice("n2", 2, gpu("b")))},
-			map[string]int{}},
-		{"the pool republished whole", all,
-			[]*resourceapi.ResourceSlice{in("rack", 2, slice("n1", 2, gpu("a"))), in("rack", 2, slice("n2", 2, gpu("b")))},
-			map[string]int{"n1": 1, "n2": 1}},
-		{"a node's pool of two slices with one listed yet", all,
-			[]*resourceapi.ResourceSlice{in("n1", 2, slice("n1", 1, gpu("a")))},
-			map[string]int{}},
-		{"its second slice holds no GPUs: the pool is complete", gpus,
-			[]*resourceapi.ResourceSlice{in("n1", 2, slice("n1", 1, gpu("a"))), in("n1", 2, slice("n1", 1, device("nic", "nic", "x", "1Gi")))},
-			map[string]int{"n1": 1}},
-	} {
-		var read []Slice
-		for _, s := range c.slices {
-			read = append(read, ReadSlice(s, c.match))
-		}
-		got := map[string]int{}
-		for node, gpus := range NodeGpus(read) {
-			got[node] = len(gpus)
-		}
-		if !reflect.DeepEqual(got, c.want) {
-			t.Errorf("%s: %v, want %v", c.name, got, c.want)
-		}
+	first := slice("n1", 1, device("gpu-a", "gpu", "NVIDIA L4", "1Gi"))
+	second := slice("n2", 2, device("gpu-b", "gpu", "NVIDIA L4", "1Gi"))
+	first.Spec.Pool.Name, second.Spec.Pool.Name = "rack", "rack"
+	first.Spec.Pool.ResourceSliceCount, second.Spec.Pool.ResourceSliceCount = 2, 2
+	nodes := NodeGpus([]Slice{ReadSlice(first, all), ReadSlice(second, all)})
+	if len(nodes["n1"]) != 1 || len(nodes["n2"]) != 1 {
+		t.Fatalf("nodes %v, want one GPU on each", nodes)
 	}
 }
 

@@ -225,7 +225,9 @@ func (d *draGpus) readSlices(old *draNodes) (map[string]*draNode, bool, error) {
 	}
 	read := make([]dra.Slice, 0, len(kept))
 	for _, slice := range kept {
-		read = append(read, slice) // those without GPUs too: a pool's count is over all
+		if len(slice.Nodes) > 0 {
+			read = append(read, slice)
+		}
 	}
 	nodes := map[string]*draNode{}
 	for name, gpus := range dra.NodeGpus(read) {
