@@ -102,10 +102,11 @@ def workload_mix(counts: Mapping[TaskShape, int]) -> tuple[MixEntry, ...]:
         return ()
     kept: list[tuple[TaskShape, float]] = []
     covered = 0.0
+    enough = round(COVERAGE * total, DECIMALS)
     for shape, weight in sorted(weights.items(), key=_order):
         kept.append((shape, weight))
         covered += weight
-        if len(kept) >= MAX_SHAPES or round(covered, DECIMALS) >= round(COVERAGE * total, DECIMALS):
+        if len(kept) >= MAX_SHAPES or round(covered, DECIMALS) >= enough:
             break
     return tuple(MixEntry(shape, weight / covered) for shape, weight in kept)
 

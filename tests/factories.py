@@ -191,51 +191,40 @@ def resource_slice(node: str, devices: list[dict[str, Any]], generation: int = 1
     }
 
 
+def _resource_claim(
+    name: str, request: dict[str, Any], results: list[dict[str, Any]] | None, **meta: Any
+) -> dict[str, Any]:
+    """A ResourceClaim of one request in ``default``; allocated ``results`` if given."""
+    obj: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}", **meta},
+        "spec": {"devices": {"requests": [request]}},
+    }
+    if results is not None:
+        obj["status"] = {"allocation": {"devices": {"results": results}}}
+    return obj
+
+
 def claim(
     name: str, node: str, devices: list[str], extended: bool = True, pool: str | None = None
 ) -> dict:
     """An allocated ResourceClaim holding ``devices`` of ``pool`` (the node's own by
     default)."""
-    annotations = {dra.ANN_EXTENDED_RESOURCE_CLAIM: "true"} if extended else {}
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {
-            "name": name,
-            "namespace": "default",
-            "uid": f"uid-{name}",
-            "annotations": annotations,
-        },
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "container-0-request-0",
-                        "exactly": {
-                            "deviceClassName": "gpu.nvidia.com",
-                            "allocationMode": "ExactCount",
-                            "count": len(devices),
-                        },
-                    }
-                ]
-            }
-        },
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {
-                            "request": "container-0-request-0",
-                            "driver": "gpu.nvidia.com",
-                            "pool": pool or node,
-                            "device": d,
-                        }
-                        for d in devices
-                    ]
-                }
-            }
+    request = {
+        "name": "container-0-request-0",
+        "exactly": {
+            "deviceClassName": "gpu.nvidia.com",
+            "allocationMode": "ExactCount",
+            "count": len(devices),
         },
     }
+    results = [
+        {"request": request["name"], "driver": "gpu.nvidia.com", "pool": pool or node, "device": d}
+        for d in devices
+    ]
+    annotations = {dra.ANN_EXTENDED_RESOURCE_CLAIM: "true"} if extended else {}
+    return _resource_claim(name, request, results, annotations=annotations)
 
 
 def shared_device(i: int, gib: int = 80) -> dict[str, Any]:
@@ -261,12 +250,7 @@ def share_claim(
             "capacity": {"requests": {"memory": asks}},
         },
     }
-    obj: dict[str, Any] = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
-        "spec": {"devices": {"requests": [request]}},
-    }
+    results = None
     if node is not None:
         results = [
             {
@@ -279,13 +263,16 @@ def share_claim(
             }
             for device, amount in consumed.items()
         ]
-        obj["status"] = {"allocation": {"devices": {"results": results}}}
-    return obj
+    return _resource_claim(name, request, results)
+
+
+def hold_claim(pod: dict[str, Any], claim: str) -> dict[str, Any]:
+    """``pod`` with one ResourceClaim (from a template), which is ``claim``."""
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
+    pod["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": claim}]
+    return pod
 
 
 def claim_pod(name: str, claim: str) -> dict[str, Any]:
     """A pod whose one ResourceClaim (from a template) is ``claim``."""
-    pod = make_pod(name, 0)
-    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
-    pod["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": claim}]
-    return pod
+    return hold_claim(make_pod(name, 0), claim)

@@ -38,6 +38,7 @@ from tests.factories import (
     claim,
     device_class,
     gpu_device,
+    hold_claim,
     make_lease,
     resource_slice,
     share_claim,
@@ -413,8 +414,7 @@ def asks_claim(rng: random.Random, pod: dict[str, Any], claims: list[dict[str, A
          "uid": pod["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
     ]  # fmt: skip
     claims.append(made)
-    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
-    pod["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": name}]
+    hold_claim(pod, name)
 
 
 def cluster(rng: random.Random, index: int) -> dict[str, Any]:

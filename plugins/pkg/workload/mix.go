@@ -169,11 +169,11 @@ func MixOf(counts map[Shape]int64) Mix {
 		return slices.Compare(a.shape.ProductList(), b.shape.ProductList())
 	})
 	var covered float64
-	kept := 0
+	kept, enough := 0, rounded(Coverage*total)
 	for _, it := range items {
 		kept++
 		covered += it.weight
-		if kept >= MaxShapes || rounded(covered) >= rounded(Coverage*total) {
+		if kept >= MaxShapes || rounded(covered) >= enough {
 			break
 		}
 	}

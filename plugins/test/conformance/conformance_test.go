@@ -171,17 +171,16 @@ func build(now time.Time, w *world) plugins {
 
 // draState is the world's DRA objects as kube-scheduler's DRA state.
 func draState(w *world) *fakedra.Manager {
-	m := &fakedra.Manager{}
-	for i := range w.DRA.Classes {
-		m.Classes = append(m.Classes, &w.DRA.Classes[i])
+	return &fakedra.Manager{Classes: pointers(w.DRA.Classes), Slices: pointers(w.DRA.Slices), Claims: pointers(w.DRA.Claims)}
+}
+
+// pointers is a pointer to each element of objects, as listers hand them out.
+func pointers[T any](objects []T) []*T {
+	out := make([]*T, len(objects))
+	for i := range objects {
+		out[i] = &objects[i]
 	}
-	for i := range w.DRA.Slices {
-		m.Slices = append(m.Slices, &w.DRA.Slices[i])
-	}
-	for i := range w.DRA.Claims {
-		m.Claims = append(m.Claims, &w.DRA.Claims[i])
-	}
-	return m
+	return out
 }
 
 // check runs one case as kube-scheduler would: PreFilter, then per node the filters in
