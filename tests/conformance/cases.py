@@ -359,38 +359,14 @@ def dra(rng: random.Random, index: int, nodes: list[dict[str, Any]]) -> dict[str
             published = [(generation, count, parts)]
             if generation == 2 and rng.random() < 0.5:  # the older one, on its way out
                 older = [gpu_device(i, product, mib) for i in range(rng.choice((1, 8)))]
-                published.append((1, 1, [older]))
+                published.append((1, 1, [older]))  # its own pool: no prefix to add
         for gen, count, parts in published:
             for j, listed in enumerate(parts):
-                for device in listed:
-                    device["name"] = prefix + device["name"].removeprefix(prefix)
                 obj = resource_slice(name, listed, gen)
                 obj["metadata"]["name"] = f"{name}-{pool}-{gen}-{j}"
                 obj["spec"]["pool"].update(name=pool, resourceSliceCount=count)
                 slices.append(obj)
-        # Claims share a device that allows it, each consuming some of its memory (never
-        # more than it has, as the allocator keeps it); the others are held whole.
-        held = []
-        for device in devices:
-            if rng.random() >= 0.3:
-                continue
-            memory = device.get("capacity", {}).get("memory")
-            if not device.get("allowMultipleAllocations") or memory is None:
-                held.append(device["name"])
-                continue
-            left = int(memory["value"].removesuffix("Mi"))
-            for j in range(rng.choice((1, 1, 2))):
-                used = min(left, int(left * rng.choice((0.1, 0.25, 0.5, 1.0))) or 1)
-                left -= used
-                consumed = {device["name"]: f"{used}Mi"}
-                claims.append(
-                    share_claim(f"s-{name}-{device['name']}-{j}", name, consumed, pool=pool)
-                )
-        if rng.random() < 0.05:
-            held.append(f"{prefix}gpu-99")
-        if held:
-            extended = rng.random() < 0.7
-            claims.append(claim(f"c{index}-{k}", name, held, extended=extended, pool=pool))
+        claims += _claims_on(rng, f"c{index}-{k}", name, pool, devices, prefix)
     classes = [device_class()]
     odd = rng.random()
     if odd < 0.05:
@@ -401,6 +377,41 @@ def dra(rng: random.Random, index: int, nodes: list[dict[str, Any]]) -> dict[str
         newer = GPU_SELECTOR.replace("'gpu'", "'mig'")
         classes.append(device_class("b.example", created="2026-12-01T00:00:00Z", selector=newer))
     return {"classes": classes, "slices": slices, "claims": claims}
+
+
+def _claims_on(
+    rng: random.Random,
+    whole: str,
+    node: str,
+    pool: str,
+    devices: list[dict[str, Any]],
+    prefix: str,
+) -> list[dict[str, Any]]:
+    """Allocated claims on a node's devices: those that allow it shared by claims, each
+    consuming some of its memory (never more than it has, as the allocator keeps it);
+    the others held whole by one claim (``whole``), sometimes with a device that does
+    not exist."""
+    out: list[dict[str, Any]] = []
+    held = []
+    for device in devices:
+        if rng.random() >= 0.3:
+            continue
+        memory = device.get("capacity", {}).get("memory")
+        if not device.get("allowMultipleAllocations") or memory is None:
+            held.append(device["name"])
+            continue
+        left = int(memory["value"].removesuffix("Mi"))
+        for j in range(rng.choice((1, 1, 2))):
+            used = min(left, int(left * rng.choice((0.1, 0.25, 0.5, 1.0))) or 1)
+            left -= used
+            consumed = {device["name"]: f"{used}Mi"}
+            out.append(share_claim(f"s-{node}-{device['name']}-{j}", node, consumed, pool=pool))
+    if rng.random() < 0.05:
+        held.append(f"{prefix}gpu-99")
+    if held:
+        extended = rng.random() < 0.7
+        out.append(claim(whole, node, held, extended=extended, pool=pool))
+    return out
 
 
 def asks_claim(rng: random.Random, pod: dict[str, Any], claims: list[dict[str, Any]]) -> None:
